@@ -1,0 +1,100 @@
+"""
+Generate text from the teacher or from a student, streaming tokens as they come.
+
+    python sample.py --prompt="The capital of France is"
+    python sample.py --chat="Give me three tips for sleeping well."
+    python sample.py --init_from=out/gated_deltanet/ckpt.pt --chat="Hi!"
+    python sample.py --mixer=gated_deltanet --prompt="Hello"   # untrained student from the teacher
+
+Teachers decode with a key/value cache; students carry their recurrent state (and short-conv
+tail), so their memory does not grow with the length of the text.
+"""
+
+import argparse
+import codecs
+import sys
+import time
+
+import torch
+
+import model as M
+from tokenizer import load_tokenizer
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--init_from", default="default", help="'default' (offline SmolLM2-135M-Instruct), .gguf, snapshot folder, hub id or .pt checkpoint")
+    p.add_argument("--tokenizer", default=None, help="where the vocabulary comes from (default: init_from, or the offline teacher for .pt)")
+    p.add_argument("--mixer", default=None, help="build an untrained student with this mixer from the teacher")
+    p.add_argument("--prompt", default="Once upon a time", help="plain-text prompt")
+    p.add_argument("--chat", default=None, help="a user message, wrapped in the ChatML template")
+    p.add_argument("--max_new_tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", type=int, default=50, help="0 = no top-k filtering")
+    p.add_argument("--num_samples", type=int, default=1, help="samples drawn in one batch")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=["float32", "bfloat16", "float16"])
+    args = p.parse_args(argv)
+    if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1 or args.top_k < 0:
+        p.error("temperature, max_new_tokens and top_k must be >= 0, num_samples >= 1")
+    return args
+
+
+def load_model(args):
+    net = M.from_pretrained(args.init_from, dtype=getattr(torch, args.dtype), device=args.device)
+    if args.mixer:
+        import mixers
+
+        net = mixers.student_from_teacher(net, args.mixer).to(device=args.device, dtype=getattr(torch, args.dtype))
+    return net.eval()
+
+
+def main(argv=None):
+    args = get_args(argv)
+    torch.manual_seed(args.seed)
+    try:
+        net = load_model(args)
+        vocab = args.tokenizer or (args.init_from if not args.init_from.endswith(".pt") else "default")
+        tok = load_tokenizer(vocab)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    if args.chat is not None:
+        ids, _ = tok.encode_chat([{"role": "user", "content": args.chat}], add_generation_prompt=True)
+        stops = {tok.im_end_id, tok.eot_id}
+    else:
+        ids, stops = tok.encode(args.prompt), {tok.eot_id}
+    x = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)  # (N, T)
+    print(f"{net.config.mixer} model, {net.num_params() / 1e6:.1f}M parameters, prompt {len(ids)} tokens", file=sys.stderr)
+
+    stream = args.num_samples == 1
+    if stream:
+        sys.stdout.write(args.prompt if args.chat is None else "")
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split characters
+    out = [[] for _ in range(args.num_samples)]
+    done = torch.zeros(args.num_samples, dtype=torch.bool, device=args.device)
+    t0, n = time.time(), 0
+    for nxt in net.generate(x, args.max_new_tokens, args.temperature, args.top_k or None):
+        n += 1
+        for i, t in enumerate(nxt.tolist()):
+            if not done[i]:
+                out[i].append(t)
+        done |= torch.isin(nxt, torch.tensor(sorted(stops), device=nxt.device))
+        if stream and not done[0]:
+            sys.stdout.write(utf8.decode(tok.decode_bytes(out[0][-1:])))
+            sys.stdout.flush()
+        if done.all():
+            break
+    dt = time.time() - t0
+    if stream:
+        print(utf8.decode(b"", final=True))
+    else:
+        for i, ids_i in enumerate(out):
+            text = tok.decode([t for t in ids_i if t not in stops])
+            print(f"--- sample {i + 1}\n{args.prompt if args.chat is None else ''}{text}")
+    print(f"{n} steps x {args.num_samples} samples in {dt:.2f}s: {n * args.num_samples / max(dt, 1e-9):.1f} tokens/s "
+          f"({args.device}, {args.dtype})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
