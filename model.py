@@ -56,6 +56,18 @@ class Config:
     def head_dim(self):
         return self.n_embd // self.n_head
 
+    def to_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d):
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}")
+        d = dict(d)
+        d["softmax_layers"] = tuple(d.get("softmax_layers", ()))  # JSON has no tuples
+        return cls(**d)
+
     @classmethod
     def from_preset(cls, name):
         if name not in PRESETS:
@@ -307,12 +319,16 @@ def config_from_hf(cfg):
     n_head = cfg["num_attention_heads"]
     if cfg.get("head_dim", cfg["hidden_size"] // n_head) != cfg["hidden_size"] // n_head:
         raise ValueError("head_dim other than hidden_size // num_attention_heads is not supported")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}  # newer files nest rope_theta here
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
     return Config(
         vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_embd=cfg["hidden_size"],
         n_head=n_head, n_kv_head=cfg.get("num_key_value_heads", n_head),
-        intermediate_size=cfg["intermediate_size"], rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        rms_eps=cfg.get("rms_norm_eps", 1e-5), max_seq_len=cfg.get("max_position_embeddings", 8192),
-        tie_embeddings=cfg.get("tie_word_embeddings", True))
+        intermediate_size=cfg["intermediate_size"],
+        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        rms_eps=cfg.get("rms_norm_eps", 1e-6), max_seq_len=cfg.get("max_position_embeddings", 2048),
+        tie_embeddings=cfg.get("tie_word_embeddings", False))  # defaults: transformers' LlamaConfig
 
 
 def read_snapshot(folder):
@@ -415,13 +431,13 @@ def _gguf_cached(path):
     wpath, cpath = os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")
     if os.path.exists(wpath) and os.path.exists(cpath):
         with open(cpath) as f:
-            return Config(**json.load(f)), load_file(wpath)
+            return Config.from_dict(json.load(f)), load_file(wpath)
     config, state = read_gguf(path)
     try:  # write to temporary names, then rename: a killed conversion leaves no half file
         os.makedirs(folder, exist_ok=True)
         save_file(state, wpath + ".tmp")
         with open(cpath + ".tmp", "w") as f:
-            json.dump({f.name: getattr(config, f.name) for f in fields(config)}, f)
+            json.dump(config.to_dict(), f)
         os.replace(wpath + ".tmp", wpath)
         os.replace(cpath + ".tmp", cpath)
     except OSError:
@@ -458,7 +474,7 @@ def save_checkpoint(path, model, **extra):
     raw = getattr(model, "module", model)  # unwrap DistributedDataParallel / torch.compile
     raw = getattr(raw, "_orig_mod", raw)
     state = {k: v for k, v in raw.state_dict().items() if not (raw.config.tie_embeddings and k == "lm_head.weight")}
-    blob = {"config": {f.name: getattr(raw.config, f.name) for f in fields(raw.config)}, "model": state, **extra}
+    blob = {"config": raw.config.to_dict(), "model": state, **extra}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     torch.save(blob, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -480,9 +496,7 @@ def read_checkpoint(init_from):
             raise ValueError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
         if not isinstance(blob, dict) or "config" not in blob or "model" not in blob:
             raise ValueError(f"{path}: not a checkpoint of this project (no config and model)")
-        cfg = dict(blob["config"])
-        cfg["softmax_layers"] = tuple(cfg.get("softmax_layers", ()))
-        return Config(**cfg), blob["model"]
+        return Config.from_dict(blob["config"]), blob["model"]
     raise ValueError(f"{path}: unknown checkpoint format (expected a .gguf file, a .pt checkpoint "
                      f"or a Hugging Face snapshot folder)")
 

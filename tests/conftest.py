@@ -1,0 +1,25 @@
+"""Shared fixtures: the offline teacher and its tokenizer are loaded once per test session."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def teacher():
+    import model
+
+    return model.from_pretrained("default").eval()
+
+
+@pytest.fixture(scope="session")
+def tok():
+    import tokenizer
+
+    return tokenizer.load_tokenizer("default")
