@@ -363,3 +363,19 @@ def test_unknown_mixer_lists_valid_names():
         mixers.build_mixer(tiny_config("lstm"), 0)
     for name in mixers.MIXERS:
         assert name in str(err.value)
+
+
+def test_student_from_the_offline_teacher_trains(teacher):
+    # the real 135M teacher: copied weights agree, and the student runs forward and backward
+    student = mixers.student_from_teacher(teacher, "kda")
+    t, s = teacher.state_dict(), student.state_dict()
+    for key in ("model.embed_tokens.weight", "model.layers.7.mlp.up_proj.weight", "model.layers.7.self_attn.q_proj.weight"):
+        assert torch.equal(t[key], s[key])
+    k_t, k_s = t["model.layers.3.self_attn.k_proj.weight"], s["model.layers.3.self_attn.k_proj.weight"]
+    assert torch.equal(k_s[4 * 64:5 * 64], k_t[1 * 64:2 * 64])  # student head 4 reads KV head 4 // 3 = 1
+    x = torch.randint(0, teacher.config.vocab_size, (1, 40))
+    _, loss = student(x[:, :-1], targets=x[:, 1:])
+    loss.backward()
+    grads = [p.grad for p in student.parameters() if p.grad is not None]
+    assert torch.isfinite(loss) and len(grads) > 0 and all(torch.isfinite(g).all() for g in grads)
+    assert student.model.layers[3].self_attn.A_log.grad.abs().sum() > 0  # the new gates learn
