@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass, fields
 
 import torch
@@ -432,6 +433,8 @@ def _gguf_cached(path):
     if os.path.exists(wpath) and os.path.exists(cpath):
         with open(cpath) as f:
             return Config.from_dict(json.load(f)), load_file(wpath)
+    print(f"converting {os.path.basename(path)} to safetensors under {folder} (once; later loads are fast)",
+          file=sys.stderr)
     config, state = read_gguf(path)
     try:  # write to temporary names, then rename: a killed conversion leaves no half file
         os.makedirs(folder, exist_ok=True)
