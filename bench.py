@@ -1,0 +1,223 @@
+"""
+Speed of the seven token mixers on a GPU: our Triton kernels (kernels.py) against our chunked
+PyTorch forms (mixers.py), fla's kernels (optional) and causal FlashAttention (PyTorch SDPA).
+
+Correctness comes first: every kernel is checked against the chunked PyTorch form in fp32
+(outputs and every gradient) before anything is timed. Times are medians of
+triton.testing.do_bench in bf16; rows are appended to --out as they finish.
+
+    python bench.py                                  # all mixers, the three shapes below
+    python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --fla
+
+FLOP counts are those of the chunked algorithm (chunk C = 64, per token and head):
+decayed additive 4*Dk*Dv + 2*C*(Dk+Dv), delta rule 6*Dk*Dv + 6*C*Dk + 4*C*Dv; forward plus
+backward is counted as 3x forward, causal attention as 2*T*D forward and 3.5x for both.
+Bytes are the floor: every input read once and every output written once.
+References: REFERENCE.md section 7 (fla and FlashAttention on this H200); METHOD.md (timing).
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("LINEARIZE_KERNELS", "0")  # mixers.py's chunked forms stay in PyTorch
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+import kernels
+
+try:
+    import mixers
+except ImportError:  # without mixers.py: no correctness check and no PyTorch column
+    mixers = None
+
+MIXERS = {  # name: (family, gate granularity)
+    "linear_attention": ("additive", None),
+    "retnet": ("additive", "const"),
+    "mlstm": ("additive", "head"),
+    "gla": ("additive", "channel"),
+    "deltanet": ("delta", None),
+    "gated_deltanet": ("delta", "head"),
+    "kda": ("delta", "channel"),
+}
+SHAPES = [(8, 4096, 16, 64), (4, 8192, 16, 128), (1, 32768, 16, 64)]
+# forward+backward in ms at (8, 4096, 16, 64) on this H200 (REFERENCE.md section 7): fla 0.6.0,
+# except mLSTM (mlstm_kernels 2.0.6) and Gated DeltaNet (fla refuses its backward on Hopper)
+FLA_RECORDED = {"linear_attention": 1.318, "retnet": 1.506, "mlstm": 1.917, "gla": 2.771,
+                "deltanet": 2.043, "kda": 4.667}
+
+
+def ours(family):
+    # the delta-rule family lives in kernels_delta.py until it is merged into kernels.py
+    if family == "additive":
+        return kernels.chunk_decay_additive
+    return getattr(kernels, "chunk_delta_rule", None) or __import__("kernels_delta").chunk_delta_rule
+
+
+def torch_form(family):
+    if mixers is None:
+        return None
+    mixers.USE_KERNELS = False
+    return mixers.chunk_decay_additive if family == "additive" else mixers.chunk_delta_rule
+
+
+def fla_form(name):
+    """fla's kernel for the same recurrence, or None when fla is not importable."""
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.gla import chunk_gla
+        from fla.ops.kda import chunk_kda
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError:
+        return None
+    B_T_H = lambda g, q: g if g.dim() == 3 else g.expand(q.shape[:3]).contiguous()  # noqa: E731
+    return {
+        "linear_attention": lambda q, k, v: chunk_simple_gla(q, k, v)[0],
+        "retnet": lambda q, k, v, g: chunk_simple_gla(q, k, v, g=B_T_H(g, q))[0],
+        "mlstm": lambda q, k, v, g: chunk_simple_gla(q, k, v, g=g)[0],
+        "gla": lambda q, k, v, g: chunk_gla(q, k, v, g=g)[0],
+        "deltanet": lambda q, k, v, beta: chunk_delta_rule(q, k, v, beta)[0],
+        "gated_deltanet": lambda q, k, v, beta, g: chunk_gated_delta_rule(q, k, v, g, beta)[0],
+        "kda": lambda q, k, v, beta, g: chunk_kda(q, k, v, g, beta)[0],
+    }[name]
+
+
+def make_inputs(name, B, T, H, D, dtype=torch.bfloat16, seed=0):
+    """Positional inputs (q, k, v[, beta][, g]) as the mixers produce them."""
+    torch.manual_seed(seed)
+    family, gate = MIXERS[name]
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype) for _ in range(3))
+    args = [q, k, v]
+    if family == "delta":
+        args[:2] = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # the delta rule needs |k| = 1
+        args.append(torch.rand(B, T, H, device="cuda", dtype=dtype))  # beta in (0, 1)
+    if gate == "const":  # RetNet: gamma_h = 1 - 2^(-5-h)
+        args.append(torch.log(1 - 2.0 ** (-5 - torch.arange(H, device="cuda", dtype=torch.float32))))
+    elif gate == "head":
+        args.append(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4.0))
+    elif gate == "channel":
+        args.append(F.logsigmoid(torch.randn(B, T, H, D, device="cuda")) / 16)
+    return args
+
+
+def call(fn, args):
+    """Output of one of our functions: (q, k, v[, g]) additive, (q, k, v, beta[, g]) delta."""
+    return fn(*args)[0]
+
+
+def fwd_bwd(fn, args, do):
+    """A closure that runs forward and backward; its inputs' .grad are reset by do_bench."""
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    return (lambda: fn(leaves).backward(do)), leaves
+
+
+def relerr(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def check(name, shape=(2, 1000, 4, 64)):
+    """Relative errors of our bf16 kernel against the fp32 chunked PyTorch form: o, then grads."""
+    family, _ = MIXERS[name]
+    args = make_inputs(name, *shape)
+    do = torch.randn_like(args[2])
+    results = []
+    for fn, dtype in [(ours(family), torch.bfloat16), (torch_form(family), torch.float32)]:
+        # q, k, v, beta in the tested dtype; log decays stay fp32 as the mixers make them
+        leaves = [(a.to(dtype) if a.dtype == torch.bfloat16 else a).detach().requires_grad_(True) for a in args]
+        o = call(fn, leaves)
+        o.backward(do.to(o.dtype))
+        results.append([o] + [x.grad for x in leaves])
+    return [relerr(a, b) for a, b in zip(*results)]
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def ceilings():
+    """Copy bandwidth (GB/s, bytes read + written) and bf16 matmul rate (TFLOP/s) of this card."""
+    x = torch.empty(2 ** 30, device="cuda", dtype=torch.uint8)
+    y = torch.empty_like(x)
+    gbs = 2 * x.numel() / do_bench(lambda: y.copy_(x), return_mode="median") / 1e6
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    tfs = 2 * 8192 ** 3 / do_bench(lambda: a @ a, return_mode="median") / 1e9
+    return gbs, tfs
+
+
+def flops_fwd(family, B, T, H, D, C=64):
+    per_token = 4 * D * D + 4 * C * D if family == "additive" else 6 * D * D + 10 * C * D
+    return B * T * H * per_token
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated names from MIXERS")
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxTxHxD,...")
+    ap.add_argument("--fla", action="store_true", help="also time fla (minutes of autotuning per shape)")
+    ap.add_argument("--out", default="out/bench.md", help="markdown table, appended row by row")
+    a = ap.parse_args()
+    names = a.mixers.split(",")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    out = open(a.out, "a")
+
+    def emit(line):
+        print(line, flush=True)
+        out.write(line + "\n")
+        out.flush()
+
+    gbs, tfs = ceilings()
+    emit(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}: "
+         f"copy {gbs:.0f} GB/s, bf16 matmul {tfs:.0f} TFLOP/s\n")
+    emit("correctness, bf16 kernel vs fp32 chunked PyTorch form at (2, 1000, 4, 64), relative error:")
+    for name in names if mixers is not None else []:
+        errs = check(name)
+        bad = errs[0] > 0.005 or max(errs[1:4]) > 0.008 or max(errs[4:] + [0]) > 0.02
+        emit(f"  {name:17s} o {errs[0]:.1e}  grads " + " ".join(f"{e:.1e}" for e in errs[1:])
+             + ("  FAIL" if bad else ""))
+    emit("\n| mixer | B,T,H,D | ours fwd | ours fwd+bwd | torch fwd+bwd | fla fwd+bwd | SDPA fwd+bwd "
+         "| torch/ours | ours/fla | SDPA/ours | TFLOP/s (% peak) | GB/s (% copy) |")
+    emit("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape in shapes:
+        B, T, H, D = shape
+        qkv = [torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        run, leaves = fwd_bwd(lambda x: sdpa(*x), qkv, torch.randn_like(qkv[0]))
+        t_sdpa = do_bench(run, grad_to_none=leaves, return_mode="median")
+        del qkv, leaves, run
+        for name in names:
+            family, _ = MIXERS[name]
+            args = make_inputs(name, *shape)
+            do = torch.randn_like(args[2])
+            ms = {}
+            with torch.no_grad():
+                ms["fwd"] = do_bench(lambda: call(ours(family), args), return_mode="median")
+            for key, fn in [("ours", ours(family)), ("torch", torch_form(family)),
+                            ("fla", fla_form(name) if a.fla else None)]:
+                if fn is None:
+                    continue
+                f = (lambda x, fn=fn: fn(*x)) if key == "fla" else (lambda x, fn=fn: call(fn, x))
+                run, leaves = fwd_bwd(f, args, do)
+                try:
+                    ms[key] = do_bench(run, grad_to_none=leaves, return_mode="median")
+                except torch.OutOfMemoryError:
+                    torch.cuda.empty_cache()
+            if "fla" not in ms and shape == (8, 4096, 16, 64) and name in FLA_RECORDED:
+                ms["fla"] = FLA_RECORDED[name]  # recorded, not rerun
+            nbytes = 2 * sum(x.numel() * x.element_size() for x in args) + 2 * do.numel() * do.element_size()
+            nbytes += sum(x.numel() * x.element_size() for x in args)  # the gradients
+            tf = 3 * flops_fwd(family, *shape) / ms["ours"] / 1e9
+            gb = nbytes / ms["ours"] / 1e6
+            fmt = lambda k: f"{ms[k]:.3f}" if k in ms else "-"  # noqa: E731
+            ratio = lambda x, y: f"{ms[x] / ms[y]:.2f}" if x in ms and y in ms else "-"  # noqa: E731
+            emit(f"| {name} | {B},{T},{H},{D} | {fmt('fwd')} | {fmt('ours')} | {fmt('torch')} | {fmt('fla')} "
+                 f"| {t_sdpa:.3f} | {ratio('torch', 'ours')} | {ratio('ours', 'fla')} "
+                 f"| {t_sdpa / ms['ours']:.2f} | {tf:.0f} ({100 * tf / tfs:.0f}%) | {gb:.0f} ({100 * gb / gbs:.0f}%) |")
+            del args, do
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

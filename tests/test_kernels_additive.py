@@ -1,0 +1,154 @@
+"""Triton kernels of the decayed-additive family (kernels.chunk_decay_additive).
+
+S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), with g none / [H] / [B,T,H] /
+[B,T,H,Dk]. On the CPU the kernels run in Triton's interpreter (fp32, tiny shapes, chunk 16
+or 32 so that several chunks and several 16-row sub-chunks are crossed); on a GPU the same
+claims are checked in bf16 at larger shapes, with fla's tolerances (REFERENCE.md section 2).
+Ground truth is mixers.py's token-by-token loop in fp64.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+pytest.importorskip("triton")
+import kernels  # noqa: E402
+import mixers  # noqa: E402
+
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+GATES = ["none", "head_const", "head", "channel"]
+
+
+def recurrence(q, k, v, g=None, h0=None, scale=None):
+    """Ground truth: mixers.py's token-by-token loop, run in fp64."""
+    f64 = lambda x: None if x is None else x.double()  # noqa: E731
+    return mixers.recurrent_decay_additive(f64(q), f64(k), f64(v), f64(g), f64(h0), scale)
+
+
+def make_inputs(gate, B, T, H, K, V, device="cpu", dtype=torch.float32, seed=0):
+    gen = torch.Generator(device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
+    q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)
+    shape = {"none": None, "head_const": (H,), "head": (B, T, H), "channel": (B, T, H, K)}[gate]
+    # log decays <= 0 as the mixers make them: logsigmoid of a pre-activation
+    g = None if shape is None else torch.nn.functional.logsigmoid(rnd(*shape) + 2.0)
+    h0 = rnd(B, H, K, V)
+    return [x.to(dtype) for x in (q, k, v)], g, h0
+
+
+def rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def run_and_grad(fn, q, k, v, g, h0, do, dht, **kw):
+    """Outputs, final state and the gradients of every input of sum(o*do) + sum(ht*dht)."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    gl = None if g is None else g.detach().clone().requires_grad_(True)
+    hl = None if h0 is None else h0.detach().clone().requires_grad_(True)
+    o, ht = fn(*leaves, gl, hl, **kw)
+    loss = (o.double() * do.double()).sum()
+    if dht is not None:
+        loss = loss + (ht.double() * dht.double()).sum()
+    loss.backward()
+    grads = [x.grad for x in leaves] + [x.grad for x in (gl, hl) if x is not None]
+    return o, ht, grads
+
+
+def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dtype, tol):
+    (q, k, v), g, h0 = make_inputs(gate, B, T, H, K, V, device, dtype)
+    h0 = h0 if with_state else None
+    do = torch.randn(B, T, H, V, device=device)
+    dht = torch.randn(B, H, K, V, device=device) if with_state else None
+    scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
+    o, ht, grads = run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do, dht,
+                                scale=scale, chunk_size=chunk)
+    ro, rht, rgrads = run_and_grad(recurrence, q, k, v, g, h0, do, dht, scale=scale)
+    assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
+    names = ["dq", "dk", "dv"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
+    errs = {"o": rel(o, ro), "ht": rel(ht, rht)}
+    errs.update({n: rel(a, b) for n, a, b in zip(names, grads, rgrads)})
+    for name, err in errs.items():
+        limit = tol[name] if name in tol else tol["grad"]
+        assert err < limit, f"{gate}: {name} relative error {err:.2e} >= {limit} ({errs})"
+    for x in [o, ht] + grads:
+        assert torch.isfinite(x).all()
+
+
+# fp32 in the interpreter is exact up to rounding
+CPU_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5, "dg": 1e-5}
+
+
+@pytest.mark.parametrize("gate,T,K,chunk,with_state", [
+    ("none", 45, 20, 16, True),
+    ("head_const", 45, 20, 32, True),
+    ("head", 70, 20, 16, False),
+    ("head", 20, 80, 16, True),      # two key blocks of 64
+    ("channel", 70, 20, 32, True),   # two 16-row sub-chunks per chunk, a ragged last chunk
+    ("channel", 37, 20, 16, False),  # one sub-chunk per chunk, no state in or out
+    ("channel", 20, 80, 16, True),   # two key blocks of 64
+])
+def test_matches_recurrence_cpu(gate, T, K, chunk, with_state):
+    # Dk = 20 or 80 and Dv = 17 are not powers of two: every block is masked
+    check_against_recurrence(gate, 2, T, 2, K, 17, chunk, with_state, "cpu", torch.float32, CPU_TOL)
+
+
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_state_hands_over(gate):
+    # one call over 45 tokens = 27 tokens, then 1 token, then 17, each from the last state
+    (q, k, v), g, h0 = make_inputs(gate, 1, 45, 2, 16, 16)
+    whole, hw = kernels.chunk_decay_additive(q, k, v, g, h0, chunk_size=16)
+    outs, h = [], h0
+    for a, b in [(0, 27), (27, 28), (28, 45)]:
+        part = lambda x: None if x is None else x[:, a:b]  # noqa: E731
+        o, h = kernels.chunk_decay_additive(part(q), part(k), part(v), part(g), h, chunk_size=16)
+        outs.append(o)
+    assert rel(torch.cat(outs, 1), whole) < 1e-5 and rel(h, hw) < 1e-5
+
+
+def test_extreme_gates_stay_finite_and_exact():
+    # log decays from -1e4 to 0 in neighbouring channels: exp(-G) would overflow in fp32
+    (q, k, v), _, h0 = make_inputs("channel", 1, 40, 1, 16, 16)
+    gen = torch.Generator().manual_seed(1)
+    g = -torch.rand(1, 40, 1, 16, generator=gen) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4]).repeat(4)
+    o, ht = kernels.chunk_decay_additive(q, k, v, g, h0, chunk_size=32)
+    ro, rht = recurrence(q, k, v, g, h0)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    # in-chunk cumulative sums reach -1e5: their fp32 differences carry ~1e-4 relative error
+    assert rel(o, ro) < 1e-3 and rel(ht, rht) < 1e-3
+
+
+def test_bad_gate_shape_is_named():
+    (q, k, v), _, _ = make_inputs("none", 1, 8, 2, 16, 16)
+    with pytest.raises(AssertionError, match=r"g \(1, 8\)"):
+        kernels.chunk_decay_additive(q, k, v, torch.zeros(1, 8))
+
+
+# --- the same claims on a GPU, bf16, compiled kernels ------------------------------------
+
+# fla's acceptance levels for half-precision inputs (REFERENCE.md section 2)
+GPU_TOL = {"o": 0.005, "ht": 0.005, "grad": 0.008, "dg": 0.02}
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("T,D", [(1000, 64), (2048, 64), (1000, 128)])
+def test_matches_recurrence_cuda_bf16(gate, T, D):
+    check_against_recurrence(gate, 2, T, 4, D, D, 64, True, "cuda", torch.bfloat16, GPU_TOL)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_65k_tokens_extreme_gates_finite_cuda(gate):
+    # gates from 1e-4 to 1e3 times the usual logsigmoid scale, over 65536 tokens
+    B, T, H, D = 1, 65536, 2, 64
+    (q, k, v), g, h0 = make_inputs(gate, B, T, H, D, D, "cuda", torch.bfloat16)
+    g = g * torch.logspace(-4, 3, g.numel(), device="cuda").reshape(g.shape)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, g, h0)]
+    o, ht = kernels.chunk_decay_additive(*leaves)
+    (o.float().square().mean() + ht.square().mean()).backward()
+    for x in [o, ht] + [x.grad for x in leaves]:
+        assert torch.isfinite(x).all()
