@@ -50,10 +50,7 @@ FLA_RECORDED = {"linear_attention": 1.318, "retnet": 1.506, "mlstm": 1.917, "gla
 
 
 def ours(family):
-    # the delta-rule family lives in kernels_delta.py until it is merged into kernels.py
-    if family == "additive":
-        return kernels.chunk_decay_additive
-    return getattr(kernels, "chunk_delta_rule", None) or __import__("kernels_delta").chunk_delta_rule
+    return kernels.chunk_decay_additive if family == "additive" else kernels.chunk_delta_rule
 
 
 def torch_form(family):

@@ -8,6 +8,8 @@ torch.autograd.Function with hand-written backward kernels.
 
     chunk_decay_additive   S_t = exp(g_t) * S_{t-1} + k_t v_t^T ;  o_t = S_t^T (scale q_t)
                            (linear attention, RetNet, mLSTM, GLA)
+    chunk_delta_rule       S_t = exp(g_t) * S_{t-1} ; S_t += beta_t k_t (v_t - S_t^T k_t)^T
+                           (DeltaNet, Gated DeltaNet, KDA)
 
 The kernels run compiled on a GPU and, with TRITON_INTERPRET=1, on the CPU, which is how
 the tests check them against the token-by-token references of mixers.py.
@@ -30,6 +32,7 @@ References:
 Sections:
     1. Shared helpers
     2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
+    3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
 """
 
 import torch
@@ -758,3 +761,762 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
     return _AddChunkFunction.apply(q, k, v, g, initial_state, scale, chunk_size)
+
+
+# -----------------------------------------------------------------------------
+# 3. Delta-rule family: chunked Triton kernels for DeltaNet, Gated DeltaNet and KDA.
+#
+# One recurrence, three gate granularities (per head h, state S is Dk x Dv):
+#     S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T (scale q_t)
+#     g = None (DeltaNet), g [B,T,H] (Gated DeltaNet), g [B,T,H,Dk] (KDA); g is a log decay <= 0.
+#
+# Chunked WY / UT form (chunk C = 64, positions i, j inside a chunk, G = in-chunk cumsum of g):
+#     A    = strict_tril(beta_i k_i^T Diag(exp(G_i - G_j)) k_j)      T = (I + A)^-1
+#     W    = T (beta * K * exp(G))        U = T (beta * V)
+#     Vnew = U - W h                                           (h = state at the chunk start)
+#     O    = scale (Q * exp(G)) h + P Vnew,  P = tril(scale q_i^T Diag(exp(G_i - G_j)) k_j)
+#     h'   = Diag(exp(G_last)) h + (K * exp(G_last - G))^T Vnew
+# Per-channel gates (KDA) turn exp(G_i - G_j) into a per-channel factor: the chunk is cut into
+# 16-row sub-chunks, off-diagonal sub-blocks are products of operands rescaled against a
+# reference row that lies between i and j (every exponent <= 0), and diagonal sub-blocks are
+# summed exactly, one column at a time.
+#
+# Backward is written by hand: the chunk states are recomputed in fp32, the state gradient runs
+# in reverse over chunks, and the gate gradient is a reverse cumulative sum of dG.
+#
+# References: Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence
+# Length" (arXiv 2406.06484; WY form); Yang et al., "Gated Delta Networks" (arXiv 2412.06464);
+# Kimi Team, "Kimi Linear" (arXiv 2510.26692; KDA); flash-linear-attention (the kernel split
+# and the sub-chunk rescaling idea). Shared facts: REFERENCE.md section 2.
+#
+# Names inside kernels: i_ program ids and loop indices, o_ offsets, m_ masks, b_ block values
+# (registers), p_ pointers. MODE is the gate granularity: 0 none, 1 per head, 2 per key channel.
+# Buffers that hold chunk-shaped data (gate cumsums, A, T, P and their gradients) are padded to
+# Tp = NT * 64 rows, so that kernels read them without masks and the padded rows of the gate
+# cumsum repeat the last real value (exponents in padded rows stay <= 0, never inf * 0).
+_DELTA_BT = 64  # chunk length
+_DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
+
+
+def _delta_dot_precision(x):
+    # fp32 inputs get exact fp32 products (slow; for checking against references), anything
+    # else Triton's default, where fp32 operands go through tf32
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+# ----------------------------------------------------------------------------------------
+# 3.1 delta-rule helpers
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _delta_rows(p, o_r, m_r, o_c, m_c, stride):
+    # load rows o_r (time) x columns o_c (channels) of a [T, H, D] slice whose (0, h, 0) is p
+    return tl.load(p + o_r[:, None] * stride + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.)
+
+
+@triton.jit
+def _delta_put(p, x, o_r, m_r, o_c, m_c, stride):
+    tl.store(p + o_r[:, None] * stride + o_c[None, :], x.to(p.dtype.element_ty),
+             mask=m_r[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _delta_blk(p, s, r, BT: tl.constexpr, BC: tl.constexpr, stride):
+    # sub-block (s, r) [BC, BC] of a chunk matrix [BT, BT] stored row-major with row stride `stride`
+    o_c = tl.arange(0, BC)
+    return tl.load(p + (s * BC + o_c)[:, None] * stride + r * BC + o_c[None, :])
+
+
+@triton.jit
+def _delta_put_blk(p, x, s, r, BC: tl.constexpr, stride):
+    o_c = tl.arange(0, BC)
+    tl.store(p + (s * BC + o_c)[:, None] * stride + r * BC + o_c[None, :], x.to(p.dtype.element_ty))
+
+
+@triton.jit
+def _delta_gate(p_g, o_r, o_k, m_k, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
+    # gate cumsum rows o_r from the padded buffer: [R, BK] per channel, [R, 1] per head
+    if MODE == 2:
+        b_g = tl.load(p_g + o_r[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.)
+    else:
+        b_g = tl.load(p_g + o_r * H)[:, None]
+    return b_g
+
+
+@triton.jit
+def _delta_gate_row(p_g, t, o_k, m_k, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
+    # gate cumsum of one row t: [BK] per channel, a scalar per head
+    if MODE == 2:
+        b_g = tl.load(p_g + t * (H * K) + o_k, mask=m_k, other=0.)
+    else:
+        b_g = tl.load(p_g + t * H)
+    return b_g
+
+
+@triton.jit
+def _delta_inv16(b_a, BC: tl.constexpr):
+    # (I + L)^-1 for a strictly lower [BC, BC] block L, by forward substitution row by row:
+    # row i of (T - I) = -L_i + sum_{j<i} (-L_ij) (T - I)_j, rows j < i already final
+    o_c = tl.arange(0, BC)
+    b_t = -tl.where(o_c[:, None] > o_c[None, :], b_a, 0.)
+    for i in range(1, BC):
+        b_row = tl.sum(tl.where(o_c[:, None] == i, b_t, 0.), 0)          # [BC] = -L_i
+        b_row = b_row + tl.sum(b_row[:, None] * b_t, 0)                   # [BC] = (T - I)_i
+        b_t = tl.where(o_c[:, None] == i, b_row[None, :], b_t)
+    return b_t + (o_c[:, None] == o_c[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _delta_cumsum_kernel(x, y, T_in, T_out, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                         BK: tl.constexpr, MODE: tl.constexpr, REVERSE: tl.constexpr):
+    # in-chunk cumsum of a gate (forward: g -> G) or reverse cumsum of its gradient (dG -> dg)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    if MODE == 2:
+        o_k = tl.arange(0, BK)
+        m_k = o_k < K
+        b_x = _delta_rows(x + (i_b.to(tl.int64) * T_in * H + i_h) * K, o_t, o_t < T_in, o_k, m_k, H * K)
+        b_x = b_x.to(tl.float32)
+        b_y = tl.cumsum(b_x, 0)                                           # [BT, BK]
+        if REVERSE:
+            b_y = tl.sum(b_x, 0)[None, :] - b_y + b_x                     # sum_{s >= t}
+        _delta_put(y + (i_b.to(tl.int64) * T_out * H + i_h) * K, b_y, o_t, o_t < T_out, o_k, m_k, H * K)
+    else:
+        b_x = tl.load(x + i_b.to(tl.int64) * T_in * H + o_t * H + i_h, mask=o_t < T_in, other=0.)
+        b_x = b_x.to(tl.float32)
+        b_y = tl.cumsum(b_x, 0)                                           # [BT]
+        if REVERSE:
+            b_y = tl.sum(b_x, 0) - b_y + b_x
+        p_y = y + i_b.to(tl.int64) * T_out * H + o_t * H + i_h
+        tl.store(p_y, b_y.to(y.dtype.element_ty), mask=o_t < T_out)
+
+
+# ----------------------------------------------------------------------------------------
+# 3.2 delta-rule forward kernels
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
+                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+    # per chunk: A = strict_tril(beta_i k_i.k_j decayed), P = tril(scale q_i.k_j decayed)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    p_q = q + (i_b.to(tl.int64) * T * H + i_h) * K                     # row t at + t * H * K
+    p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
+    p_b = beta + i_b.to(tl.int64) * T * H + i_h                         # row t at + t * H
+    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    p_A = A + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT   # chunk row r at + r * H * BT
+    p_P = P + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    if MODE != 2:
+        # scalar decays factor out of the dot: one [BT, BT] product per matrix
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        o_i = tl.arange(0, BT)
+        b_q = _delta_rows(p_q, o_t, m_t, o_k, m_k, H * K)
+        b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K)
+        b_b = tl.load(p_b + o_t * H, mask=m_t, other=0.).to(tl.float32)
+        b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT)                                 # [BT, BT]
+        b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT)                                 # [BT, BT]
+        m_lo = o_i[:, None] >= o_i[None, :]
+        if MODE == 1:
+            b_g = tl.load(p_g + o_t * H)                                  # [BT]
+            b_d = tl.exp(tl.where(m_lo, b_g[:, None] - b_g[None, :], 0.))
+            b_kk = b_kk * b_d
+            b_qk = b_qk * b_d
+        b_a = tl.where(o_i[:, None] > o_i[None, :], b_kk * b_b[:, None], 0.)
+        b_p = tl.where(m_lo, b_qk * scale, 0.)
+        tl.store(p_A + o_i[:, None] * (H * BT) + o_i[None, :], b_a)
+        tl.store(p_P + o_i[:, None] * (H * BT) + o_i[None, :], b_p.to(P.dtype.element_ty))
+    else:
+        o_c = tl.arange(0, BC)
+        for s in tl.static_range(BT // BC):
+            o_s = i_t * BT + s * BC + o_c
+            m_s = o_s < T
+            b_qs = _delta_rows(p_q, o_s, m_s, o_k, m_k, H * K).to(tl.float32)   # [BC, BK]
+            b_ks = _delta_rows(p_k, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+            b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
+            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, MODE)                  # [BC, BK]
+            # reference row: the first of sub-chunk s, so G_i - G_ref <= 0 and G_ref - G_j <= 0
+            b_gref = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, MODE)
+            b_qsg = b_qs * tl.exp(b_gs - b_gref[None, :])
+            b_ksg = b_ks * tl.exp(b_gs - b_gref[None, :])
+            for r in tl.static_range(BT // BC):
+                if r < s:
+                    o_r = i_t * BT + r * BC + o_c
+                    b_kr = _delta_rows(p_k, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
+                    b_gr = _delta_gate(p_g, o_r, o_k, m_k, H, K, MODE)
+                    b_krg = b_kr * tl.exp(b_gref[None, :] - b_gr)                # [BC, BK]
+                    b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
+                    b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
+                elif r == s:
+                    # diagonal sub-block: exact per-channel sums, one column j at a time
+                    b_a = tl.zeros([BC, BC], dtype=tl.float32)
+                    b_p = tl.zeros([BC, BC], dtype=tl.float32)
+                    for j in range(BC):
+                        t_j = i_t * BT + s * BC + j
+                        m_j = m_k & ((t_j + 0 * o_k) < T)    # broadcast first: scalar & block masks fail in the interpreter
+                        b_kj = tl.load(p_k + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                        b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, MODE)
+                        m_ij = o_c[:, None] >= j
+                        b_kje = b_kj[None, :] * tl.exp(tl.where(m_ij, b_gs - b_gj[None, :], 0.))
+                        b_ca = tl.sum(b_ks * b_kje, 1)                          # [BC] column j of A
+                        b_cp = tl.sum(b_qs * b_kje, 1)                          # [BC] column j of P
+                        b_a = tl.where(o_c[None, :] == j, b_ca[:, None], b_a)
+                        b_p = tl.where(o_c[None, :] == j, b_cp[:, None], b_p)
+                    b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
+                    b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
+                else:
+                    b_a = tl.zeros([BC, BC], dtype=tl.float32)
+                    b_p = tl.zeros([BC, BC], dtype=tl.float32)
+                _delta_put_blk(p_A, b_a, s, r, BC, H * BT)
+                _delta_put_blk(p_P, b_p, s, r, BC, H * BT)
+
+
+@triton.jit
+def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    # T = (I + A)^-1 for one chunk: invert the four diagonal 16x16 blocks, then merge
+    # the off-diagonal blocks with T_ij = -T_ii sum_{j <= m < i} A_im T_mj
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    Tp = tl.num_programs(0) * BT
+    p_A = A + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_T = Ai + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    S: tl.constexpr = H * BT
+    b_t00 = _delta_inv16(_delta_blk(p_A, 0, 0, BT, BC, S), BC)
+    b_t11 = _delta_inv16(_delta_blk(p_A, 1, 1, BT, BC, S), BC)
+    b_t22 = _delta_inv16(_delta_blk(p_A, 2, 2, BT, BC, S), BC)
+    b_t33 = _delta_inv16(_delta_blk(p_A, 3, 3, BT, BC, S), BC)
+    b_a10 = _delta_blk(p_A, 1, 0, BT, BC, S)
+    b_a20 = _delta_blk(p_A, 2, 0, BT, BC, S)
+    b_a21 = _delta_blk(p_A, 2, 1, BT, BC, S)
+    b_a30 = _delta_blk(p_A, 3, 0, BT, BC, S)
+    b_a31 = _delta_blk(p_A, 3, 1, BT, BC, S)
+    b_a32 = _delta_blk(p_A, 3, 2, BT, BC, S)
+    # ieee fp32: the inverse feeds every output, tf32 rounding here would be amplified
+    b_t10 = -tl.dot(b_t11, tl.dot(b_a10, b_t00, input_precision="ieee"), input_precision="ieee")
+    b_t21 = -tl.dot(b_t22, tl.dot(b_a21, b_t11, input_precision="ieee"), input_precision="ieee")
+    b_t32 = -tl.dot(b_t33, tl.dot(b_a32, b_t22, input_precision="ieee"), input_precision="ieee")
+    b_x = tl.dot(b_a20, b_t00, input_precision="ieee") + tl.dot(b_a21, b_t10, input_precision="ieee")
+    b_t20 = -tl.dot(b_t22, b_x, input_precision="ieee")
+    b_x = tl.dot(b_a31, b_t11, input_precision="ieee") + tl.dot(b_a32, b_t21, input_precision="ieee")
+    b_t31 = -tl.dot(b_t33, b_x, input_precision="ieee")
+    b_x = (tl.dot(b_a30, b_t00, input_precision="ieee") + tl.dot(b_a31, b_t10, input_precision="ieee")
+           + tl.dot(b_a32, b_t20, input_precision="ieee"))
+    b_t30 = -tl.dot(b_t33, b_x, input_precision="ieee")
+    b_z = tl.zeros([BC, BC], dtype=tl.float32)
+    _delta_put_blk(p_T, b_t00, 0, 0, BC, S)
+    _delta_put_blk(p_T, b_z, 0, 1, BC, S)
+    _delta_put_blk(p_T, b_z, 0, 2, BC, S)
+    _delta_put_blk(p_T, b_z, 0, 3, BC, S)
+    _delta_put_blk(p_T, b_t10, 1, 0, BC, S)
+    _delta_put_blk(p_T, b_t11, 1, 1, BC, S)
+    _delta_put_blk(p_T, b_z, 1, 2, BC, S)
+    _delta_put_blk(p_T, b_z, 1, 3, BC, S)
+    _delta_put_blk(p_T, b_t20, 2, 0, BC, S)
+    _delta_put_blk(p_T, b_t21, 2, 1, BC, S)
+    _delta_put_blk(p_T, b_t22, 2, 2, BC, S)
+    _delta_put_blk(p_T, b_z, 2, 3, BC, S)
+    _delta_put_blk(p_T, b_t30, 3, 0, BC, S)
+    _delta_put_blk(p_T, b_t31, 3, 1, BC, S)
+    _delta_put_blk(p_T, b_t32, 3, 2, BC, S)
+    _delta_put_blk(p_T, b_t33, 3, 3, BC, S)
+
+
+@triton.jit
+def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+    # W = T (beta * K * exp(G)) [BT, K],  U = T (beta * V) [BT, V]
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    p_T = Ai + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
+    b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
+    b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32) * b_b[:, None]
+    if MODE != 0:
+        p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+        b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, MODE))
+    _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_k, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
+    p_v = v + (i_b.to(tl.int64) * T * H + i_h) * V
+    p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_v = _delta_rows(p_v, o_t, m_t, o_v, m_v, H * V).to(tl.float32) * b_b[:, None]
+        _delta_put(p_u, tl.dot(b_T, b_v, input_precision=DOT), o_t, m_t, o_v, m_v, H * V)
+
+
+@triton.jit
+def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        MODE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT: tl.constexpr):
+    # the only sequential part: walk the chunks, store each chunk's start state and Vnew
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
+    p_w = w + (i_b.to(tl.int64) * T * H + i_h) * K
+    p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
+    p_vn = vn + (i_b.to(tl.int64) * T * H + i_h) * V
+    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)                                       # [K, BV] state
+    if USE_H0:
+        b_h += _delta_rows(h0 + i_bh.to(tl.int64) * K * V, o_k, m_k, o_v, m_v, V).to(tl.float32)
+    for i_t in range(NT):
+        _delta_put(h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V, b_h, o_k, m_k, o_v, m_v, V)
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        b_w = _delta_rows(p_w, o_t, m_t, o_k, m_k, H * K)                          # [BT, BK]
+        b_u = _delta_rows(p_u, o_t, m_t, o_v, m_v, H * V)                          # [BT, BV]
+        b_vn = b_u.to(tl.float32) - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=DOT)                # Vnew = U - W h
+        _delta_put(p_vn, b_vn, o_t, m_t, o_v, m_v, H * V)
+        b_vn = b_vn.to(b_w.dtype)                 # the state sees the same rounded Vnew as O does
+        b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K)
+        if MODE == 1:
+            b_gl = tl.load(p_g + (i_t * BT + BT - 1) * H)                           # scalar
+            b_g = tl.load(p_g + o_t * H)                                            # [BT]
+            b_h *= tl.exp(b_gl)
+            b_k = (b_k * tl.exp(b_gl - b_g)[:, None]).to(b_w.dtype)
+        elif MODE == 2:
+            b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)  # [BK]
+            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)                        # [BT, BK]
+            b_h *= tl.exp(b_gl)[:, None]
+            b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_w.dtype)
+        b_h += tl.dot(tl.trans(b_k), b_vn, input_precision=DOT)                                          # [BK, BT] @ [BT, BV]
+    if STORE_HT:
+        _delta_put(ht + i_bh.to(tl.int64) * K * V, b_h, o_k, m_k, o_v, m_v, V)
+
+
+@triton.jit
+def _delta_fwd_o_kernel(q, vn, gc, h, P, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
+                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                        MODE: tl.constexpr, DOT: tl.constexpr):
+    # O = scale (Q * exp(G)) h + P Vnew, chunks in parallel
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_q = _delta_rows(q + (i_b.to(tl.int64) * T * H + i_h) * K, o_t, m_t, o_k, m_k, H * K)
+    if MODE != 0:
+        p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+        b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, MODE))).to(q.dtype.element_ty)
+    b_h = _delta_rows(h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V, o_k, m_k, o_v, m_v, V)
+    b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT) * scale                                   # [BT, BV]
+    p_P = P + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    b_p = tl.load(p_P + o_i[:, None] * (H * BT) + o_i[None, :])                     # [BT, BT]
+    b_vn = _delta_rows(vn + (i_b.to(tl.int64) * T * H + i_h) * V, o_t, m_t, o_v, m_v, H * V)
+    b_o += tl.dot(b_p.to(b_vn.dtype), b_vn, input_precision=DOT)
+    _delta_put(o + (i_b.to(tl.int64) * T * H + i_h) * V, b_o, o_t, m_t, o_v, m_v, H * V)
+
+
+# ----------------------------------------------------------------------------------------
+# 3.3 delta-rule backward kernels
+# ----------------------------------------------------------------------------------------
+
+@triton.jit
+def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT, H: tl.constexpr,
+                         K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                         BV: tl.constexpr, MODE: tl.constexpr, USE_DHT: tl.constexpr,
+                         STORE_DH0: tl.constexpr, DOT: tl.constexpr):
+    # reverse walk over chunks; dh is the gradient of the state at the END of the chunk:
+    #   dVnew = P^T dO + (K * exp(G_last - G)) dh
+    #   dh_prev = exp(G_last) dh + scale (Q * exp(G))^T dO - W^T dVnew
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    p_q = q + (i_b.to(tl.int64) * T * H + i_h) * K
+    p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
+    p_w = w + (i_b.to(tl.int64) * T * H + i_h) * K
+    p_do = do + (i_b.to(tl.int64) * T * H + i_h) * V
+    p_dv = dvn + (i_b.to(tl.int64) * T * H + i_h) * V
+    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += _delta_rows(dht + i_bh.to(tl.int64) * K * V, o_k, m_k, o_v, m_v, V).to(tl.float32)
+    for i_r in range(NT):
+        i_t = NT - 1 - i_r
+        _delta_put(dh + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V, b_dh, o_k, m_k, o_v, m_v, V)
+        o_t = i_t * BT + o_i
+        m_t = o_t < T
+        b_do = _delta_rows(p_do, o_t, m_t, o_v, m_v, H * V)                        # [BT, BV]
+        b_q = _delta_rows(p_q, o_t, m_t, o_k, m_k, H * K)
+        b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K)
+        p_P = P + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+        b_p = tl.load(p_P + o_i[:, None] * (H * BT) + o_i[None, :])                 # [BT, BT]
+        if MODE == 1:
+            b_gl = tl.load(p_g + (i_t * BT + BT - 1) * H)
+            b_g = tl.load(p_g + o_t * H)[:, None]
+            b_k = (b_k * tl.exp(b_gl - b_g)).to(b_do.dtype)
+            b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
+        elif MODE == 2:
+            b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)
+            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)
+            b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_do.dtype)
+            b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
+        b_dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT) + tl.dot(b_k, b_dh.to(b_do.dtype), input_precision=DOT)
+        _delta_put(p_dv, b_dv, o_t, m_t, o_v, m_v, H * V)
+        b_w = _delta_rows(p_w, o_t, m_t, o_k, m_k, H * K)
+        if MODE == 1:
+            b_dh *= tl.exp(b_gl)
+        elif MODE == 2:
+            b_dh *= tl.exp(b_gl)[:, None]
+        b_dh += tl.dot(tl.trans(b_q), b_do, input_precision=DOT) * scale - tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT)
+    if STORE_DH0:
+        _delta_put(dh0 + i_bh.to(tl.int64) * K * V, b_dh, o_k, m_k, o_v, m_v, V)
+
+
+@triton.jit
+def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv, db, dG, dP, dA,
+                           scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+    # per chunk, everything except the in-chunk pairwise (q_i, k_j) and (k_i, k_j) terms:
+    # those leave as dP (gradient of P) and dA (gradient of A) for _delta_bwd_intra_kernel
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    p_T = Ai + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
+    b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
+    p_h = h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V
+    p_dh = dh + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V
+    o_bv = (i_b.to(tl.int64) * T * H + i_h) * V                                     # [T, H, V] base
+    b_dqi = tl.zeros([BT, BK], dtype=tl.float32)    # dO h^T
+    b_dkh = tl.zeros([BT, BK], dtype=tl.float32)    # Vnew dh^T
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)     # dW = -dVnew h^T
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)     # dP = dO Vnew^T
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)     # dT = dU (beta V)^T + dW (beta K e^G)^T
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    b_dgl = tl.zeros([BK], dtype=tl.float32)        # sum_v h * dh, for the G_last gradient
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_h = _delta_rows(p_h, o_k, m_k, o_v, m_v, V)                               # [BK, BV]
+        b_dh = _delta_rows(p_dh, o_k, m_k, o_v, m_v, V)
+        b_vn = _delta_rows(vn + o_bv, o_t, m_t, o_v, m_v, H * V)                     # [BT, BV]
+        b_dvn = _delta_rows(dvn + o_bv, o_t, m_t, o_v, m_v, H * V)                   # fp32
+        b_do = _delta_rows(do + o_bv, o_t, m_t, o_v, m_v, H * V)
+        b_v = _delta_rows(v + o_bv, o_t, m_t, o_v, m_v, H * V).to(tl.float32)
+        b_ht = tl.trans(b_h).to(b_do.dtype)                                          # [BV, BK]
+        b_dqi += tl.dot(b_do, b_ht, input_precision=DOT)
+        b_dkh += tl.dot(b_vn, tl.trans(b_dh).to(b_vn.dtype), input_precision=DOT)
+        b_dw -= tl.dot(b_dvn.to(b_do.dtype), b_ht, input_precision=DOT)
+        b_dp += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT)
+        b_dxu = tl.dot(tl.trans(b_T), b_dvn, input_precision=DOT)                                        # dU -> d(beta V)
+        _delta_put(dv + o_bv, b_dxu * b_b[:, None], o_t, m_t, o_v, m_v, H * V)
+        b_db += tl.sum(b_dxu * b_v, 1)
+        b_dT += tl.dot(b_dvn, tl.trans(b_v * b_b[:, None]), input_precision=DOT)
+        b_dgl += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+    o_bk = (i_b.to(tl.int64) * T * H + i_h) * K
+    b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
+    b_k = _delta_rows(k + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
+    if MODE != 0:
+        p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+        b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)                            # [BT, BK] or [BT, 1]
+        b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, MODE)
+        b_eg = tl.exp(b_g)
+        if MODE == 2:
+            b_egl = tl.exp(b_gl[None, :] - b_g)
+        else:
+            b_egl = tl.exp(b_gl - b_g)
+    else:
+        b_eg = tl.full([BT, 1], 1., dtype=tl.float32)
+        b_egl = tl.full([BT, 1], 1., dtype=tl.float32)
+    b_xw = b_k * b_b[:, None] * b_eg                                                # beta K e^G
+    b_dT += tl.dot(b_dw, tl.trans(b_xw), input_precision=DOT)
+    b_dxw = tl.dot(tl.trans(b_T), b_dw, input_precision=DOT)                                             # dW -> d(beta K e^G)
+    b_dkw = b_dxw * b_b[:, None] * b_eg
+    b_dkh = b_dkh * b_egl
+    b_db += tl.sum(b_dxw * b_k * b_eg, 1)
+    b_dq = b_dqi * scale * b_eg
+    # T = (I + A)^-1  =>  dA = -T^T dT T^T, strictly lower
+    b_da = -tl.dot(tl.dot(tl.trans(b_T), b_dT), tl.trans(b_T), input_precision=DOT)
+    b_da = tl.where(o_i[:, None] > o_i[None, :], b_da, 0.)
+    b_dp = tl.where(o_i[:, None] >= o_i[None, :], b_dp * scale, 0.)
+    _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
+    _delta_put(dk + o_bk, b_dkw + b_dkh, o_t, m_t, o_k, m_k, H * K)
+    tl.store(db + i_b.to(tl.int64) * T * H + o_t * H + i_h, b_db, mask=m_t)
+    p_c = (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    tl.store(dP + p_c + o_i[:, None] * (H * BT) + o_i[None, :], b_dp)
+    tl.store(dA + p_c + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
+    if MODE != 0:
+        # dG from the terms handled here: Q e^G h, beta K e^G in W, K e^(G_last - G) in h'
+        b_dg = b_q * b_dq + b_k * b_dkw - b_k * b_dkh
+        # G_last enters through exp(G_last) h and exp(G_last - G): one extra term on the last row
+        b_last = b_dgl * tl.exp(b_gl) + tl.sum(b_k * b_dkh, 0)                      # [BK]
+        b_dg = tl.where(o_i[:, None] == BT - 1, b_dg + b_last[None, :], b_dg)
+        if MODE == 2:
+            _delta_put(dG + (i_b.to(tl.int64) * Tp * H + i_h) * K, b_dg, o_t, o_t < Tp, o_k, m_k, H * K)
+        else:
+            tl.store(dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h, tl.sum(b_dg, 1))
+
+
+@triton.jit
+def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp,
+                            H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                            BK: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+    # pairwise terms inside a chunk. With D_ij = exp(G_i - G_j) (per channel for MODE 2):
+    #   dq_i += sum_j dP_ij D_ij k_j                      (P = scale q.k, scale folded into dP)
+    #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
+    #   dk_i += beta_i sum_j dA_ij D_ij k_j,   dbeta_i += k_i . sum_j dA_ij D_ij k_j
+    #   dG   += q * (row terms of q) + k * (row terms of k) - k * (column terms of k)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_bk = (i_b.to(tl.int64) * T * H + i_h) * K
+    p_b = beta + i_b.to(tl.int64) * T * H + i_h
+    p_db = db_in + i_b.to(tl.int64) * T * H + i_h
+    p_dbo = dbeta + i_b.to(tl.int64) * T * H + i_h
+    p_c = (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    if MODE != 2:
+        o_t = i_t * BT + tl.arange(0, BT)
+        m_t = o_t < T
+        o_i = tl.arange(0, BT)
+        b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
+        b_k = _delta_rows(k + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
+        b_b = tl.load(p_b + o_t * H, mask=m_t, other=0.).to(tl.float32)
+        b_dp = tl.load(dP + p_c + o_i[:, None] * (H * BT) + o_i[None, :])
+        b_da = tl.load(dA + p_c + o_i[:, None] * (H * BT) + o_i[None, :])
+        if MODE == 1:
+            b_g = tl.load(p_g + o_t * H)
+            b_d = tl.exp(tl.where(o_i[:, None] >= o_i[None, :], b_g[:, None] - b_g[None, :], 0.))
+            b_dp = b_dp * b_d
+            b_da = b_da * b_d
+        b_rp = tl.dot(b_dp, b_k, input_precision=DOT)                                                    # [BT, BK]
+        b_ra = tl.dot(b_da, b_k, input_precision=DOT)
+        b_cp = tl.dot(tl.trans(b_dp), b_q, input_precision=DOT) + tl.dot(tl.trans(b_da * b_b[:, None]), b_k, input_precision=DOT)
+        b_dq = _delta_rows(dq_in + o_bk, o_t, m_t, o_k, m_k, H * K) + b_rp
+        b_dk = _delta_rows(dk_in + o_bk, o_t, m_t, o_k, m_k, H * K) + b_cp + b_ra * b_b[:, None]
+        b_db = tl.load(p_db + o_t * H, mask=m_t, other=0.) + tl.sum(b_ra * b_k, 1)
+        _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
+        _delta_put(dk + o_bk, b_dk, o_t, m_t, o_k, m_k, H * K)
+        tl.store(p_dbo + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+        if MODE == 1:
+            b_dg = tl.sum(b_q * b_rp - b_k * b_cp + b_k * b_ra * b_b[:, None], 1)
+            p_dG = dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h
+            tl.store(p_dG, tl.load(p_dG) + b_dg)
+    else:
+        o_c = tl.arange(0, BC)
+        for s in tl.static_range(BT // BC):
+            o_s = i_t * BT + s * BC + o_c
+            m_s = o_s < T
+            b_qs = _delta_rows(q + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+            b_ks = _delta_rows(k + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+            b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
+            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, MODE)
+            # references: first row of s for row-side sums, last row of s for column-side sums
+            b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, MODE)
+            b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, MODE)
+            b_rp = tl.zeros([BC, BK], dtype=tl.float32)
+            b_ra = tl.zeros([BC, BK], dtype=tl.float32)
+            b_cp = tl.zeros([BC, BK], dtype=tl.float32)
+            for r in tl.static_range(BT // BC):
+                o_r = i_t * BT + r * BC + o_c
+                m_r = o_r < T
+                if r < s:
+                    # rows of s, columns of r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
+                    b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32)
+                    b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, MODE))
+                    b_rp += tl.dot(_delta_blk(dP + p_c, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+                    b_ra += tl.dot(_delta_blk(dA + p_c, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+                if r > s:
+                    # rows of r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
+                    b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, MODE) - b_gla[None, :])
+                    b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+                    b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+                    b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
+                    b_dpr = _delta_blk(dP + p_c, r, s, BT, BC, H * BT)
+                    b_dar = _delta_blk(dA + p_c, r, s, BT, BC, H * BT) * b_br[:, None]
+                    b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
+            b_rp *= tl.exp(b_gs - b_gf[None, :])
+            b_ra *= tl.exp(b_gs - b_gf[None, :])
+            b_cp *= tl.exp(b_gla[None, :] - b_gs)
+            # diagonal sub-block, exact: loop over the row/column j inside s
+            p_cs = dP + p_c + (s * BC) * (H * BT) + s * BC
+            p_ca = dA + p_c + (s * BC) * (H * BT) + s * BC
+            for j in range(BC):
+                t_j = i_t * BT + s * BC + j
+                m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
+                b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
+                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, MODE)
+                # row side: i in s with i >= j
+                b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
+                b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
+                b_acol = tl.load(p_ca + o_c * (H * BT) + j)
+                b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
+                b_ra += b_acol[:, None] * b_kj[None, :] * b_er
+                # column side: j plays the row i, columns j' in s with j' <= j
+                b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
+                b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
+                b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
+                b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
+            b_dq = _delta_rows(dq_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_rp
+            b_dk = _delta_rows(dk_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_cp + b_ra * b_bs[:, None]
+            b_db = tl.load(p_db + o_s * H, mask=m_s, other=0.) + tl.sum(b_ra * b_ks, 1)
+            _delta_put(dq + o_bk, b_dq, o_s, m_s, o_k, m_k, H * K)
+            _delta_put(dk + o_bk, b_dk, o_s, m_s, o_k, m_k, H * K)
+            tl.store(p_dbo + o_s * H, b_db.to(dbeta.dtype.element_ty), mask=m_s)
+            b_dg = b_qs * b_rp - b_ks * b_cp + b_ks * b_ra * b_bs[:, None]
+            p_dG = dG + (i_b.to(tl.int64) * Tp * H + i_h) * K + o_s[:, None] * (H * K) + o_k[None, :]
+            tl.store(p_dG, tl.load(p_dG, mask=m_k[None, :], other=0.) + b_dg, mask=m_k[None, :])
+
+
+# ----------------------------------------------------------------------------------------
+# 3.4 delta-rule launchers and autograd
+# ----------------------------------------------------------------------------------------
+
+def _delta_dims(q, v):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    assert K <= 256, "key head dim above 256 is not supported by these kernels"
+    NT = triton.cdiv(T, _DELTA_BT)
+    BK = max(16, triton.next_power_of_2(K))
+    BV = min(64, max(16, triton.next_power_of_2(V)))
+    return B, T, H, K, V, NT, NT * _DELTA_BT, BK, BV
+
+
+def _delta_bv_seq(B, H, V, BV):
+    # the two sequential kernels run one program per (value block, b, h): with few heads,
+    # narrower value blocks keep more of the GPU's 132 multiprocessors busy
+    while BV > 16 and B * H * triton.cdiv(V, BV) < 256:
+        BV //= 2
+    return BV
+
+
+def _delta_prepare(q, k, v, beta, g, scale, mode):
+    """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
+    B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
+    BT, BC, dot = _DELTA_BT, _DELTA_BC, _delta_dot_precision(q)
+    gc = q  # placeholder pointer when there is no gate (MODE 0 never reads it)
+    if mode:
+        gc = torch.empty((B, Tp, H, K) if mode == 2 else (B, Tp, H), device=q.device, dtype=torch.float32)
+        _delta_cumsum_kernel[(NT, B * H)](g, gc, T, Tp, H=H, K=K, BT=BT, BK=BK, MODE=mode, REVERSE=False)
+    A = torch.empty(B, Tp, H, BT, device=q.device, dtype=torch.float32)
+    P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
+    _delta_kkt_kernel[(NT, B * H)](q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
+                                   MODE=mode, DOT=dot, num_warps=4)
+    Ai = torch.empty_like(A)
+    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=1)  # 16x16 work: one warp
+    return gc, Ai, P
+
+
+def _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht):
+    """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew."""
+    B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
+    BT, dot = _DELTA_BT, _delta_dot_precision(q)
+    w, u = torch.empty_like(k), torch.empty_like(v)
+    _delta_wu_kernel[(NT, B * H)](k, v, beta, gc, Ai, w, u, T, Tp, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                                  MODE=mode, DOT=dot, num_warps=4)
+    # chunk states in the inputs' dtype: every reader casts them to it for its dot anyway
+    h = torch.empty(B, NT, H, K, V, device=q.device, dtype=q.dtype)
+    vn = torch.empty_like(v)
+    BV = _delta_bv_seq(B, H, V, BV)
+    ht = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if store_ht else None
+    _delta_fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
+        k, w, u, gc, h0 if h0 is not None else q, h, vn, ht if store_ht else q, T, Tp, NT,
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, USE_H0=h0 is not None, STORE_HT=store_ht,
+        DOT=dot, num_warps=4)
+    return w, h, vn, ht
+
+
+class _DeltaRuleFunction(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, h0, scale):
+        mode = 0 if g is None else (1 if g.dim() == 3 else 2)
+        B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
+        gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, mode)
+        _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht=True)
+        o, dot = torch.empty_like(v), _delta_dot_precision(q)
+        _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+            q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
+            MODE=mode, DOT=dot, num_warps=4)
+        ctx.save_for_backward(q, k, v, beta, g, h0, gc if mode else None, Ai, P)
+        ctx.mode, ctx.scale = mode, scale
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, beta, g, h0, gc, Ai, P = ctx.saved_tensors
+        mode, scale = ctx.mode, ctx.scale
+        B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
+        BT, dot = _DELTA_BT, _delta_dot_precision(q)
+        if gc is None:
+            gc = q
+        do = do.contiguous()
+        # recompute W, the chunk states and Vnew in fp32 instead of keeping them from forward
+        w, h, vn, _ = _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht=False)
+        dh = torch.empty_like(h)
+        dvn = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
+        dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
+        BVs = _delta_bv_seq(B, H, V, BV)
+        _delta_bwd_dh_kernel[(triton.cdiv(V, BVs), B * H)](
+            q, k, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
+            dh, dvn, scale, T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, MODE=mode,
+            USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=4)
+        f32 = dict(device=q.device, dtype=torch.float32)
+        dq_in, dk_in = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
+        db_in = torch.empty(B, T, H, **f32)
+        dv = torch.empty_like(v)
+        dP, dA = torch.empty(B, Tp, H, BT, **f32), torch.empty(B, Tp, H, BT, **f32)
+        dG = torch.empty((B, Tp, H, K) if mode == 2 else (B, Tp, H), **f32) if mode else q
+        _delta_bwd_main_kernel[(NT, B * H)](
+            q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
+            T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, DOT=dot, num_warps=8 if BK > 64 else 4,
+            num_stages=1)
+        dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
+        _delta_bwd_intra_kernel[(NT, B * H)](
+            q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
+            BC=_DELTA_BC, BK=BK, MODE=mode, DOT=dot, num_warps=4)
+        dg = None
+        if mode:
+            dg = torch.empty_like(g)
+            _delta_cumsum_kernel[(NT, B * H)](dG, dg, Tp, T, H=H, K=K, BT=BT, BK=BK, MODE=mode, REVERSE=True)
+        return dq, dk, dv, dbeta, dg, dh0, None
+
+
+def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64):
+    """Chunked delta rule (DeltaNet / Gated DeltaNet / KDA) as Triton kernels with autograd.
+
+    q, k [B,T,H,Dk]; v [B,T,H,Dv]; beta [B,T,H]; g None, [H], [B,T,H] or [B,T,H,Dk] log decays
+    (<= 0); initial_state [B,H,Dk,Dv] or None. Returns (o [B,T,H,Dv] in v's dtype, final_state
+    [B,H,Dk,Dv] fp32). chunk_size is accepted for the mixers.py signature; the kernels use 64.
+    """
+    assert chunk_size == _DELTA_BT, f"the delta-rule kernels use chunks of {_DELTA_BT}, got {chunk_size}"
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    if g is not None:
+        if g.dim() == 1:
+            g = g.view(1, 1, H).expand(B, T, H)  # a constant per head is a per-head gate
+        assert tuple(g.shape) in ((B, T, H), (B, T, H, K)), f"g {tuple(g.shape)}: expected [B,T,H] or [B,T,H,Dk]"
+        g = g.contiguous()
+    h0 = initial_state.float().contiguous() if initial_state is not None else None
+    return _DeltaRuleFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
+                                    g, h0, float(scale))

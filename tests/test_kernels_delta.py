@@ -1,0 +1,160 @@
+"""Triton kernels of the delta-rule family (kernels.chunk_delta_rule).
+
+S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T (scale q_t),
+with g none (DeltaNet) / [B,T,H] (Gated DeltaNet) / [B,T,H,Dk] (KDA). Ground truth is
+mixers.recurrent_delta_rule run in fp64 (token by token). On the CPU the kernels run in Triton's
+interpreter in fp32 at tiny shapes; on a GPU the same claims are checked compiled, in fp32
+(fla's gated backward is wrong on Hopper with some triton versions: its issue #640) and in bf16
+with fla's tolerances (REFERENCE.md section 2).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+pytest.importorskip("triton")
+import kernels  # noqa: E402
+import mixers  # noqa: E402
+
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+GATES = ["none", "head", "channel"]  # DeltaNet, Gated DeltaNet, KDA
+
+
+def make_inputs(gate, B, T, H, K, V, device="cpu", dtype=torch.float32, seed=0):
+    gen = torch.Generator(device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
+    # L2-normalized keys and sigmoid betas, as the mixers make them (the delta rule assumes both)
+    q, k, v = rnd(B, T, H, K), torch.nn.functional.normalize(rnd(B, T, H, K), dim=-1), rnd(B, T, H, V)
+    beta = torch.sigmoid(rnd(B, T, H))
+    shape = {"none": None, "head": (B, T, H), "channel": (B, T, H, K)}[gate]
+    g = None if shape is None else torch.nn.functional.logsigmoid(rnd(*shape) + 2.0)
+    h0 = rnd(B, H, K, V)
+    return [x.to(dtype) for x in (q, k, v)], beta.to(dtype), g, h0
+
+
+def rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def run_and_grad(fn, q, k, v, beta, g, h0, do, dht, **kw):
+    """Outputs, final state and the gradients of every input of sum(o*do) + sum(ht*dht)."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, beta)]
+    gl = None if g is None else g.detach().clone().requires_grad_(True)
+    hl = None if h0 is None else h0.detach().clone().requires_grad_(True)
+    o, ht = fn(*leaves, gl, hl, **kw)
+    loss = (o.double() * do.double()).sum()
+    if dht is not None:
+        loss = loss + (ht.double() * dht.double()).sum()
+    loss.backward()
+    grads = [x.grad for x in leaves] + [x.grad for x in (gl, hl) if x is not None]
+    return o, ht, grads
+
+
+def reference(q, k, v, beta, g, h0, scale=None):
+    """The token-by-token loop of mixers.py in fp64 (the loop keeps float64 inputs in float64)."""
+    f64 = lambda x: None if x is None else x.double()  # noqa: E731
+    return mixers.recurrent_delta_rule(f64(q), f64(k), f64(v), f64(beta), f64(g), f64(h0), scale)
+
+
+def check_against_recurrence(gate, B, T, H, K, V, with_state, device, dtype, tol):
+    (q, k, v), beta, g, h0 = make_inputs(gate, B, T, H, K, V, device, dtype)
+    h0 = h0 if with_state else None
+    do = torch.randn(B, T, H, V, device=device)
+    dht = torch.randn(B, H, K, V, device=device) if with_state else None
+    scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
+    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do, dht, scale=scale)
+    ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do, dht, scale=scale)
+    assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
+    names = ["dq", "dk", "dv", "dbeta"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
+    errs = {"o": rel(o, ro), "ht": rel(ht, rht)}
+    errs.update({n: rel(a, b) for n, a, b in zip(names, grads, rgrads)})
+    for name, err in errs.items():
+        limit = tol.get(name, tol["grad"])
+        assert err < limit, f"{gate}: {name} relative error {err:.2e} >= {limit} ({errs})"
+    for x in [o, ht] + grads:
+        assert torch.isfinite(x).all()
+
+
+# fp32 in the interpreter is exact up to rounding (seen: ~1e-6)
+CPU_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5}
+
+
+@pytest.mark.parametrize("gate,T,with_state", [
+    ("none", 100, True),     # two chunks, the second ragged
+    ("head", 100, True),
+    ("channel", 100, True),  # four 16-row sub-chunks per chunk, per-channel rescaling
+    ("channel", 40, False),  # one ragged chunk, no state in or out
+])
+def test_matches_recurrence_cpu(gate, T, with_state):
+    # Dk = 20 and Dv = 24 are not powers of two: every block is masked
+    check_against_recurrence(gate, 1, T, 2, 20, 24, with_state, "cpu", torch.float32, CPU_TOL)
+
+
+def test_state_hands_over():
+    # one call over 150 tokens = 70 tokens, then 1 token, then 79, each from the last state
+    (q, k, v), beta, g, h0 = make_inputs("channel", 1, 150, 2, 16, 16)
+    whole, hw = kernels.chunk_delta_rule(q, k, v, beta, g, h0)
+    outs, h = [], h0
+    for a, b in [(0, 70), (70, 71), (71, 150)]:
+        o, h = kernels.chunk_delta_rule(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], g[:, a:b], h)
+        outs.append(o)
+    assert rel(torch.cat(outs, 1), whole) < 1e-5 and rel(h, hw) < 1e-5
+
+
+def test_default_scale_and_no_state():
+    (q, k, v), beta, g, _ = make_inputs("head", 1, 30, 2, 16, 16)
+    o, ht = kernels.chunk_delta_rule(q, k, v, beta, g)
+    ro, rht = reference(q, k, v, beta, g, None)
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+
+
+def test_extreme_gates_stay_finite_and_exact():
+    # log decays from -1e4 to 0 in neighbouring channels: exp(-G) would overflow in fp32,
+    # and the forward, the backward and the gate gradient must all stay finite and right
+    (q, k, v), beta, _, h0 = make_inputs("channel", 1, 70, 1, 16, 16)
+    gen = torch.Generator().manual_seed(1)
+    g = -torch.rand(1, 70, 1, 16, generator=gen) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4]).repeat(4)
+    do, dht = torch.randn(1, 70, 1, 16), torch.randn(1, 1, 16, 16)
+    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do, dht)
+    ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do, dht)
+    for x in [o, ht] + grads:
+        assert torch.isfinite(x).all()
+    # in-chunk cumulative sums reach -1e5: their fp32 differences carry ~1e-4 relative error
+    assert rel(o, ro) < 1e-3 and rel(ht, rht) < 1e-3
+    for a, b in zip(grads, rgrads):
+        assert rel(a, b) < 1e-3
+
+
+# --- the same claims on a GPU, compiled kernels ---------------------------------------------
+
+# fla's acceptance levels for half-precision inputs (REFERENCE.md section 2)
+GPU_TOL = {"o": 0.005, "ht": 0.005, "grad": 0.008, "dg": 0.02, "dbeta": 0.02}
+# fp32 inputs: the kernels switch their products to exact fp32 (tf32 gave 1.5e-3 to 2.5e-3)
+GPU_TOL_FP32 = {"o": 1e-4, "ht": 1e-4, "grad": 1e-4}
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_recurrence_cuda(gate, dtype):
+    tol = GPU_TOL if dtype == torch.bfloat16 else GPU_TOL_FP32
+    check_against_recurrence(gate, 2, 1000, 4, 64, 64, True, "cuda", dtype, tol)
+    check_against_recurrence(gate, 1, 300, 2, 128, 128, True, "cuda", dtype, tol)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+@pytest.mark.parametrize("gate", ["head", "channel"])
+def test_65k_tokens_extreme_gates_finite_cuda(gate):
+    # gates from 1e-4 to 1e3 times the usual logsigmoid scale, over 65536 tokens
+    B, T, H, D = 1, 65536, 2, 64
+    (q, k, v), beta, g, h0 = make_inputs(gate, B, T, H, D, D, "cuda", torch.bfloat16)
+    g = g * torch.logspace(-4, 3, g.numel(), device="cuda").reshape(g.shape)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, beta, g, h0)]
+    o, ht = kernels.chunk_delta_rule(*leaves)
+    (o.float().square().mean() + ht.square().mean()).backward()
+    for x in [o, ht] + [x.grad for x in leaves]:
+        assert torch.isfinite(x).all()
