@@ -1253,7 +1253,7 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     b_db += tl.sum(b_dxw * b_k * b_eg, 1)
     b_dq = b_dqi * scale * b_eg
     # T = (I + A)^-1  =>  dA = -T^T dT T^T, strictly lower
-    b_da = -tl.dot(tl.dot(tl.trans(b_T), b_dT), tl.trans(b_T), input_precision=DOT)
+    b_da = -tl.dot(tl.dot(tl.trans(b_T), b_dT, input_precision=DOT), tl.trans(b_T), input_precision=DOT)
     b_da = tl.where(o_i[:, None] > o_i[None, :], b_da, 0.)
     b_dp = tl.where(o_i[:, None] >= o_i[None, :], b_dp * scale, 0.)
     _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)

@@ -2,6 +2,7 @@
 state hand-over, closed forms, extreme gates, the layers' decoding cache, teacher-to-student init."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -379,3 +380,38 @@ def test_student_from_the_offline_teacher_trains(teacher):
     grads = [p.grad for p in student.parameters() if p.grad is not None]
     assert torch.isfinite(loss) and len(grads) > 0 and all(torch.isfinite(g).all() for g in grads)
     assert student.model.layers[3].self_attn.A_log.grad.abs().sum() > 0  # the new gates learn
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a GPU and compiled Triton")
+@pytest.mark.parametrize("mixer", mixers.MIXERS)
+def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
+    # a student step under bf16 autocast through kernels.py equals the same step through the
+    # chunked PyTorch forms: loss and every gradient (fla's bf16 tolerances, REFERENCE.md section 2)
+    import kernels
+
+    torch.manual_seed(0)
+    cfg = model.Config(vocab_size=512, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, intermediate_size=512)
+    student = mixers.student_from_teacher(model.SmolLM2(cfg), mixer).cuda()
+    x = torch.randint(0, 512, (2, 300), device="cuda")
+    calls = []
+    for name in ("chunk_decay_additive", "chunk_delta_rule"):
+        fn = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k))
+
+    def step(use_kernels):
+        monkeypatch.setattr(mixers, "USE_KERNELS", use_kernels)
+        student.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = student(x[:, :-1], targets=x[:, 1:])
+        loss.backward()
+        return loss.item(), {n: p.grad.float().clone() for n, p in student.named_parameters() if p.grad is not None}
+
+    loss_k, grads_k = step(True)
+    assert len(calls) == cfg.n_layer  # every layer went through a Triton kernel
+    loss_t, grads_t = step(False)
+    assert len(calls) == cfg.n_layer
+    assert abs(loss_k - loss_t) < 1e-2 * abs(loss_t)
+    for n, g in grads_t.items():
+        err = (grads_k[n] - g).norm() / g.norm().clamp(min=1e-12)
+        assert err < 0.02, f"{n}: relative error {err:.4f}"
