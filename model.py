@@ -214,16 +214,19 @@ class SmolLM2(nn.Module):
         positions = torch.arange(start, start + T)
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
-    def forward(self, idx, targets=None, caches=None, start=0):
+    def forward(self, idx, targets=None, caches=None, start=0, last_only=False):
         """idx [B, T] token ids -> logits [B, T, V] (and the mean cross-entropy with targets).
 
         caches: None for training, or one dict per layer for decoding, where `start` is the
-        position of idx[:, 0] in the sequence.
+        position of idx[:, 0] in the sequence. last_only: logits of the last position only,
+        [B, 1, V] (a long prompt's full logits would take gigabytes).
         """
         x = self.model.embed_tokens(idx)  # (B, T, C)
         rope = self.rope(idx.shape[1], start, idx.device)
         for i, block in enumerate(self.model.layers):
             x = block(x, rope, None if caches is None else caches[i])
+        if last_only:
+            x = x[:, -1:]
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         if targets is None:
             return logits
@@ -238,9 +241,9 @@ class SmolLM2(nn.Module):
         values for attention, the recurrent state for students). temperature 0 is greedy.
         """
         caches = [dict() for _ in self.model.layers]
-        logits = self(idx, caches=caches)[:, -1, :]
+        logits = self(idx, caches=caches, last_only=True)[:, -1, :]
         pos = idx.shape[1]
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             if temperature == 0:
                 nxt = logits.argmax(dim=-1)
             else:
@@ -250,8 +253,9 @@ class SmolLM2(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
             yield nxt
-            logits = self(nxt[:, None], caches=caches, start=pos)[:, -1, :]
-            pos += 1
+            if i + 1 < max_new_tokens:  # no step past the last token
+                logits = self(nxt[:, None], caches=caches, start=pos)[:, -1, :]
+                pos += 1
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights count once

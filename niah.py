@@ -176,23 +176,9 @@ def exact_match(prediction, value):
 
 @torch.no_grad()
 def greedy(net, idx, max_new_tokens):
-    """Greedy continuation ids [B, max_new_tokens] of prompts idx [B, T], through the caches.
-
-    model.forward would project every prompt position to the vocabulary ([B, T, 49152] logits,
-    GBs at 8k tokens); here only the last position is, the rest is model.forward unchanged."""
-    caches = [dict() for _ in net.model.layers]
-    x = net.model.embed_tokens(idx)  # (B, T, C)
-    rope = net.rope(idx.shape[1], 0, idx.device)
-    for block, cache in zip(net.model.layers, caches):
-        x = block(x, rope, cache)  # teacher: fills the KV cache; student: chunked form -> state
-    logits = net.lm_head(net.model.norm(x[:, -1:]))[:, -1]  # (B, V)
-    out, pos = [], idx.shape[1]
-    while True:
-        out.append(logits.argmax(-1))  # (B,)
-        if len(out) == max_new_tokens:
-            return torch.stack(out, 1)
-        logits = net(out[-1][:, None], caches=caches, start=pos)[:, -1]  # one step from the caches
-        pos += 1
+    """Greedy continuation ids [B, max_new_tokens] of prompts idx [B, T]: the prompt goes through
+    once (teacher: KV cache; student: chunked form into its state), then one token per step."""
+    return torch.stack(list(net.generate(idx, max_new_tokens, temperature=0)), 1)
 
 
 def model_answerer(net, tok, device):
