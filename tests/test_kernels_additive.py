@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 import kernels  # noqa: E402
 import mixers  # noqa: E402
+from gradients import run_and_grad  # noqa: E402
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 GATES = ["none", "head_const", "head", "channel"]
@@ -44,29 +45,15 @@ def rel(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def run_and_grad(fn, q, k, v, g, h0, do, dht, **kw):
-    """Outputs, final state and the gradients of every input of sum(o*do) + sum(ht*dht)."""
-    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
-    gl = None if g is None else g.detach().clone().requires_grad_(True)
-    hl = None if h0 is None else h0.detach().clone().requires_grad_(True)
-    o, ht = fn(*leaves, gl, hl, **kw)
-    loss = (o.double() * do.double()).sum()
-    if dht is not None:
-        loss = loss + (ht.double() * dht.double()).sum()
-    loss.backward()
-    grads = [x.grad for x in leaves] + [x.grad for x in (gl, hl) if x is not None]
-    return o, ht, grads
-
-
 def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dtype, tol):
     (q, k, v), g, h0 = make_inputs(gate, B, T, H, K, V, device, dtype)
     h0 = h0 if with_state else None
     do = torch.randn(B, T, H, V, device=device)
     dht = torch.randn(B, H, K, V, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
-    o, ht, grads = run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do, dht,
+    o, ht, grads = run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
                                 scale=scale, chunk_size=chunk)
-    ro, rht, rgrads = run_and_grad(recurrence, q, k, v, g, h0, do, dht, scale=scale)
+    ro, rht, rgrads = run_and_grad(recurrence, q, k, v, g, h0, do=do, dht=dht, scale=scale)
     assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
     names = ["dq", "dk", "dv"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
     errs = {"o": rel(o, ro), "ht": rel(ht, rht)}

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 import kernels  # noqa: E402
 import mixers  # noqa: E402
+from gradients import run_and_grad  # noqa: E402
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 GATES = ["none", "head", "channel"]  # DeltaNet, Gated DeltaNet, KDA
@@ -40,20 +41,6 @@ def rel(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def run_and_grad(fn, q, k, v, beta, g, h0, do, dht, **kw):
-    """Outputs, final state and the gradients of every input of sum(o*do) + sum(ht*dht)."""
-    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v, beta)]
-    gl = None if g is None else g.detach().clone().requires_grad_(True)
-    hl = None if h0 is None else h0.detach().clone().requires_grad_(True)
-    o, ht = fn(*leaves, gl, hl, **kw)
-    loss = (o.double() * do.double()).sum()
-    if dht is not None:
-        loss = loss + (ht.double() * dht.double()).sum()
-    loss.backward()
-    grads = [x.grad for x in leaves] + [x.grad for x in (gl, hl) if x is not None]
-    return o, ht, grads
-
-
 def reference(q, k, v, beta, g, h0, scale=None):
     """The token-by-token loop of mixers.py in fp64 (the loop keeps float64 inputs in float64)."""
     f64 = lambda x: None if x is None else x.double()  # noqa: E731
@@ -66,8 +53,8 @@ def check_against_recurrence(gate, B, T, H, K, V, with_state, device, dtype, tol
     do = torch.randn(B, T, H, V, device=device)
     dht = torch.randn(B, H, K, V, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
-    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do, dht, scale=scale)
-    ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do, dht, scale=scale)
+    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale)
+    ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale)
     assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
     names = ["dq", "dk", "dv", "dbeta"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
     errs = {"o": rel(o, ro), "ht": rel(ht, rht)}
@@ -119,8 +106,8 @@ def test_extreme_gates_stay_finite_and_exact():
     gen = torch.Generator().manual_seed(1)
     g = -torch.rand(1, 70, 1, 16, generator=gen) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4]).repeat(4)
     do, dht = torch.randn(1, 70, 1, 16), torch.randn(1, 1, 16, 16)
-    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do, dht)
-    ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do, dht)
+    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
+    ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do=do, dht=dht)
     for x in [o, ht] + grads:
         assert torch.isfinite(x).all()
     # in-chunk cumulative sums reach -1e5: their fp32 differences carry ~1e-4 relative error

@@ -19,7 +19,6 @@ Result: val = 1% of conversations by content hash. Not run on the project's offl
 (no hub there); data/chat_offline is the offline stand-in in the same format.
 """
 
-import argparse
 import os
 import sys
 
@@ -30,23 +29,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--source", default="", help="local .jsonl/.parquet file or folder; empty: the hub")
-    p.add_argument("--dataset", default="HuggingFaceTB/smoltalk", help="hub dataset")
-    p.add_argument("--config", default="all", help="hub config: 'all' or one of its subsets")
-    p.add_argument("--max_tokens", type=int, default=0, help="stop after this many tokens (0: all)")
-    p.add_argument("--val_fraction", type=float, default=0.01, help="share of conversations in val")
-    p.add_argument("--out_dir", default=HERE, help="where the bins and meta.json go")
-    p.add_argument("--tokenizer", default="default", help="load_tokenizer() argument")
-    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
-    args = p.parse_args(argv)
-
-    where = os.path.abspath(args.source) if args.source else f"{args.dataset}:{args.config}"
-    options = {"source": where, "max_tokens": args.max_tokens, "val_fraction": args.val_fraction,
-               "tokenizer": args.tokenizer}
-    if not args.force and common.already_prepared(args.out_dir, options):
+    # config 'all' or one of SmolTalk's subsets
+    args, where, options, records = common.hub_corpus(
+        argv, __doc__, HERE, "HuggingFaceTB/smoltalk", "all", 0, 0.01, "conversations")
+    if records is None:
         return
-    records = common.open_dataset(args.source, args.dataset, args.config)
     tok = common.load_tokenizer(args.tokenizer)
     # keep only role and content: hub records may carry extra keys per message
     chats = ([{"role": m["role"], "content": m["content"]} for m in msgs]
