@@ -1,0 +1,274 @@
+"""train.py and distill.py on a tiny random teacher and tiny token files (CPU, seconds).
+
+Claims: every stage lowers its loss; each stage starts from the previous stage's checkpoint;
+stage 1 moves only the mixers and their input norms, stage 2 only blocks; the KL is a mean
+per token; the manual teacher pass is the teacher's forward; a killed and resumed run gives
+bitwise the same losses and weights; bad settings stop with a readable message.
+"""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import distill
+import mixers
+import model as M
+import train
+
+MIXER = "gated_deltanet"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny models gain nothing from threads, and on a busy machine two threads can wait on
+    # each other for milliseconds per op
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_teacher():
+    torch.manual_seed(0)
+    cfg = M.Config(vocab_size=64, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, intermediate_size=64, max_seq_len=256)
+    net = M.SmolLM2(cfg)
+    with torch.no_grad():  # weights larger than the 0.02 init, so that layers do something
+        for p in net.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    return net
+
+
+def write_corpus(folder, n_train=8000, n_val=1500):
+    """Documents from a noisy deterministic rule (learnable), 0 = <|endoftext|> between them;
+    masks cover the last two thirds of each document (the 'assistant' part)."""
+    rng = np.random.default_rng(0)
+    os.makedirs(folder, exist_ok=True)
+    for split, n in (("train", n_train), ("val", n_val)):
+        ids, mask = [], []
+        while len(ids) < n:
+            L, x = int(rng.integers(20, 60)), int(rng.integers(1, 64))
+            for i in range(L):
+                ids.append(x)
+                mask.append(int(i > L // 3))
+                x = (x * 5 + 3) % 63 + 1 if rng.random() > 0.1 else int(rng.integers(1, 64))
+            ids.append(0)
+            mask.append(0)
+        np.array(ids, np.uint16).tofile(os.path.join(folder, f"{split}.bin"))
+        np.array(mask, np.uint8).tofile(os.path.join(folder, f"{split}_mask.bin"))
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    M.save_checkpoint(str(root / "teacher.pt"), tiny_teacher())
+    write_corpus(str(root / "data"))
+    return root
+
+
+def args(root, **kw):
+    base = dict(mixer=MIXER, teacher=root / "teacher.pt", data_dir=root / "data", out_dir=root / "out",
+                block_size=32, batch_size=4, max_iters=8, eval_interval=8, eval_iters=2,
+                dtype="float32", device="cpu", learning_rate=1e-2)
+    base.update(kw)
+    return [f"--{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture(scope="module")
+def chain(setup):
+    """Stages 1 -> 2 -> 3 -> sft, each from the previous one's checkpoint (the default)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_thread, which runs after module fixtures
+    try:
+        return {stage: train.main(args(setup, stage=stage)) for stage in ("1", "2", "3", "sft")}
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("stage", ["1", "2", "3", "sft"])
+def test_each_stage_lowers_its_val_loss(chain, stage):
+    val = chain[stage]["val"]
+    assert [v["step"] for v in val] == [0, 8]
+    assert val[-1]["loss"] < 0.9 * val[0]["loss"], val
+
+
+def test_stages_chain_through_checkpoints_and_plots(setup, chain):
+    out = setup / "out" / MIXER
+    for stage in ("1", "2", "3", "sft"):
+        assert (out / f"stage{stage}.pt").exists() and (out / f"stage{stage}.png").stat().st_size > 1000
+    # stage 2 starts where stage 1 ended: its step-0 eval is stage 1's last one
+    assert chain["2"]["val"][0]["kl"] == pytest.approx(chain["1"]["val"][-1]["kl"], rel=1e-6)
+    assert chain["3"]["val"][0]["top1"] == pytest.approx(chain["2"]["val"][-1]["top1"])
+    blob = torch.load(out / "stage3.pt", weights_only=True)
+    assert blob["step"] == 8 and blob["settings"]["stage"] == "3" and blob["settings"]["learning_rate"] == 1e-2
+
+
+def _changed(a, b):
+    return {k for k in b if not torch.equal(a[k], b[k])}  # b: a checkpoint (no tied lm_head)
+
+
+def test_stage1_moves_only_mixers_and_input_norms_stage2_only_blocks(setup, chain):
+    teacher = M.from_pretrained(str(setup / "teacher.pt"))
+    torch.manual_seed(train.Settings.seed)  # the student stage 1 started from
+    start = mixers.student_from_teacher(teacher, MIXER).state_dict()
+    _, after1 = M.read_checkpoint(str(setup / "out" / MIXER / "stage1.pt"))
+    changed = _changed(start, after1)
+    mixer_keys = {k for k in start if ".self_attn." in k or ".input_layernorm." in k}
+    assert changed == mixer_keys  # every mixer tensor moved, nothing else did
+    _, after2 = M.read_checkpoint(str(setup / "out" / MIXER / "stage2.pt"))
+    changed = _changed(after1, after2)
+    assert changed == {k for k in start if k.startswith("model.layers.")}
+
+
+def test_teacher_pass_is_the_teacher_forward():
+    teacher = tiny_teacher()
+    idx = torch.randint(0, 64, (2, 16))
+    out = distill.teacher_pass(teacher, idx, "1", logits=True)
+    torch.testing.assert_close(out["logits"], teacher(idx))
+    rope = teacher.rope(16)
+    for i, block in enumerate(teacher.model.layers):
+        torch.testing.assert_close(out["hidden"][i + 1], block(out["hidden"][i], rope))
+    assert len(out["attn"]) == 2 and distill.teacher_pass(teacher, idx, "sft") == {}
+
+
+def test_kl_is_a_mean_per_token():
+    torch.manual_seed(0)
+    t, s = torch.randn(2, 5, 7), torch.randn(2, 5, 7)
+    p, q = t.double().softmax(-1), s.double().softmax(-1)
+    by_hand = sum((p[b, i] * (p[b, i] / q[b, i]).log()).sum() for b in range(2) for i in range(5)) / 10
+    assert distill.kl_per_token(t, s).item() == pytest.approx(by_hand.item(), rel=1e-5)
+    # the same positions repeated 4 times over make T 4 times longer: the KL does not change
+    assert distill.kl_per_token(t.repeat(1, 4, 1), s.repeat(1, 4, 1)).item() == pytest.approx(by_hand.item(), rel=1e-5)
+    # a mask picks positions; the temperature softens both sides and scales by T^2
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[1, 3] = True
+    one = (p[1, 3] * (p[1, 3] / q[1, 3]).log()).sum()
+    assert distill.kl_per_token(t, s, mask=mask).item() == pytest.approx(one.item(), rel=1e-5)
+    p2, q2 = (t.double() / 2).softmax(-1), (s.double() / 2).softmax(-1)
+    hot = 4 * (p2 * (p2 / q2).log()).sum(-1).mean()
+    assert distill.kl_per_token(t, s, temperature=2.0).item() == pytest.approx(hot.item(), rel=1e-5)
+
+
+def test_stage3_loss_is_ce_plus_kl_and_zero_kl_for_a_copy_of_the_teacher():
+    teacher = tiny_teacher()
+    idx, tgt = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    t_out = distill.teacher_pass(teacher, idx, "3")
+    copy = mixers.student_from_teacher(teacher, "attention")
+    loss, parts = distill.StageLoss(copy, "3")(idx, tgt, t_out)
+    assert parts["kl"].abs().item() < 1e-6 and loss.item() == pytest.approx(parts["ce"].item(), rel=1e-6)
+    torch.manual_seed(0)
+    student = mixers.student_from_teacher(teacher, MIXER)
+    loss, parts = distill.StageLoss(student, "3", ce_weight=0.5, kl_weight=2.0)(idx, tgt, t_out)
+    ce = torch.nn.functional.cross_entropy(student(idx).flatten(0, 1), tgt.flatten())
+    assert parts["ce"].item() == pytest.approx(ce.item(), rel=1e-5) and parts["kl"].item() > 0
+    assert loss.item() == pytest.approx(0.5 * parts["ce"].item() + 2.0 * parts["kl"].item(), rel=1e-6)
+
+
+def test_killed_and_resumed_run_gives_bitwise_the_same_losses(setup, tmp_path, monkeypatch):
+    teacher = M.from_pretrained(str(setup / "teacher.pt"))
+    torch.manual_seed(1)
+    start = str(tmp_path / "start.pt")
+    M.save_checkpoint(start, mixers.student_from_teacher(teacher, MIXER))
+    run = dict(stage="3", init_from=start, max_iters=6, eval_interval=3, grad_accum=2, learning_rate=3e-3)
+    whole = train.main(args(setup, out_dir=tmp_path / "a", **run))
+
+    real_save = train.save
+
+    def killed_after_step_3(path, student, optimizer, step, s, history):
+        real_save(path, student, optimizer, step, s, history)
+        if step == 3:
+            raise KeyboardInterrupt  # as if the process died right after this checkpoint
+
+    monkeypatch.setattr(train, "save", killed_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args(setup, out_dir=tmp_path / "b", **run))
+    monkeypatch.setattr(train, "save", real_save)
+    resumed = train.main(args(setup, out_dir=tmp_path / "b", **run))  # the same command again
+
+    assert [s for s, _ in resumed["train"]] == list(range(1, 7))
+    assert resumed["train"] == whole["train"]  # bitwise equal floats
+    assert resumed["val"] == whole["val"]
+    _, a = M.read_checkpoint(str(tmp_path / "a" / MIXER / "stage3.pt"))
+    _, b = M.read_checkpoint(str(tmp_path / "b" / MIXER / "stage3.pt"))
+    assert not _changed(a, b)
+    # run once more: the stage is complete and nothing is trained
+    assert train.main(args(setup, out_dir=tmp_path / "b", **run)) == whole
+
+
+def test_schedules_warm_up_and_decay_to_the_floor():
+    s = train.Settings(max_iters=100, learning_rate=1.0, warmup_frac=0.1, decay_frac=0.2, min_lr_frac=0.1, schedule="wsd")
+    lrs = [train.lr_at(i, s) for i in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0 and lrs[79] == 1.0  # warmup, then stable
+    assert all(a > b for a, b in zip(lrs[79:], lrs[80:])) and lrs[-1] == pytest.approx(0.1)  # decays
+    s.schedule = "cosine"
+    lrs = [train.lr_at(i, s) for i in range(100)]
+    assert lrs[9] == 1.0 and lrs[-1] == pytest.approx(0.1) and lrs[50] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 41 / 90)))
+
+
+def test_chat_windows_start_at_conversations_and_mask_targets(setup):
+    data = train.Data(str(setup / "data"), "val", 32, chat=True)
+    tokens = np.fromfile(setup / "data" / "val.bin", dtype=np.uint16).astype(np.int64)
+    mask = np.fromfile(setup / "data" / "val_mask.bin", dtype=np.uint8)
+    assert data.n == len(data.starts) > 3 and all(p == 0 or tokens[p - 1] == 0 for p in data.starts)
+    x, y = data.get(np.arange(3), "cpu")
+    for row, p in enumerate(data.starts[:3]):
+        want = np.where(mask[p + 1:p + 33] == 1, tokens[p + 1:p + 33], -1)
+        assert x[row].tolist() == tokens[p:p + 32].tolist() and y[row].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(stage="4"), ["--stage='4'", "1, 2, 3, sft"]),
+    (dict(mixer="mamba"), ["--mixer='mamba'", "gated_deltanet"]),
+    (dict(batch_size="four"), ["--batch_size='four'", "expected an integer"]),
+    (dict(resume="maybe"), ["--resume='maybe'", "true or false"]),
+    (dict(batchsize=4), ["--batchsize=4", "did you mean --batch_size"]),
+    (dict(stage="2", out_dir="EMPTY"), ["stage1.pt not found", f"python train.py --mixer={MIXER} --stage=1"]),
+    (dict(data_dir="NOWHERE"), ["NOWHERE/train.bin not found"]),
+    (dict(teacher="NOWHERE/t.pt"), ["--teacher=NOWHERE/t.pt", "no such file"]),
+])
+def test_bad_settings_stop_with_a_readable_message(setup, tmp_path, bad, says):
+    bad = {k: str(v).replace("EMPTY", str(tmp_path / "empty")).replace("NOWHERE", str(tmp_path / "nowhere"))
+           for k, v in bad.items()}
+    bad.setdefault("out_dir", tmp_path / "out")
+    with pytest.raises(SystemExit) as e:
+        train.main(args(setup, **bad))
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith("train.py: ")
+    for part in says:
+        assert part.replace("NOWHERE", str(tmp_path / "nowhere")) in msg, msg
+
+
+def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeypatch):
+    (tmp_path / "data" / "offline").mkdir(parents=True)  # a checkout whose corpus is not built yet
+    (tmp_path / "data" / "offline" / "prepare.py").write_text("")
+    monkeypatch.setattr(train, "ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        train.main(args(setup, data_dir="", out_dir=tmp_path / "out"))
+    assert "python data/offline/prepare.py" in e.value.code
+
+
+def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path):
+    """torchrun with 2 CPU processes (gloo) and 1 micro-step each = 1 process with 2 micro-steps:
+    the same batches (part = micro-step * processes + rank) and the same averaged gradients."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    common = args(setup, stage="lm", max_iters=3, eval_interval=3, resume="false")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "train.py", *common, f"--out_dir={tmp_path / 'two'}"]
+    done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "2 x cpu" in done.stdout
+    one = train.main(common + [f"--out_dir={tmp_path / 'one'}", "--grad_accum=2"])
+    _, a = M.read_checkpoint(str(tmp_path / "one" / MIXER / "stagelm.pt"))
+    _, b = M.read_checkpoint(str(tmp_path / "two" / MIXER / "stagelm.pt"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    two = torch.load(tmp_path / "two" / MIXER / "stagelm.pt", weights_only=True)["history"]
+    assert two["val"][-1]["loss"] == pytest.approx(one["val"][-1]["loss"], rel=1e-4)
