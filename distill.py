@@ -27,7 +27,7 @@ In stages 1 and 2 every layer learns at once and on its own: the teacher runs it
 teacher input. No student layer sees another student layer's output.
 
 References:
-1) Anonymous et al., What Matters in Linearizing Language Models? arXiv 2504.14366 (the three
+1) What Matters in Linearizing Language Models? arXiv 2504.14366 (the three
    stages, their losses and learning rates); REFERENCE.md section 4 for where we differ
 2) Hinton, Vinyals, Dean 2015, Distilling the Knowledge in a Neural Network (temperature, T^2)
 3) Chowdhery et al. 2022, PaLM, appendix B (model FLOPs per token, for MFU)
