@@ -200,6 +200,8 @@ def run(answer, tok, hay, lengths, depths, kinds, samples, batch_size=4, chat=Tr
     """Every (length, depth, sample) prompt through answer(); a list of result dicts."""
     rng, records, t0 = random.Random(seed), [], time.time()
     total, done = len(lengths) * len(depths) * samples, 0
+    # the ETA counts prompt tokens, not prompts: a 4k prompt costs 8 times a 512 one (or more)
+    work, work_done = sum(lengths) * len(depths) * samples, 0
     for length in lengths:
         cells = [(d, s) for d in depths for s in range(samples)]
         jobs = []
@@ -213,10 +215,10 @@ def run(answer, tok, hay, lengths, depths, kinds, samples, batch_size=4, chat=Tr
             for j, pred in zip(batch, answer([j["ids"] for j in batch], max_new)):
                 j.pop("ids")
                 records.append(dict(j, prediction=pred, correct=exact_match(pred, j["value"])))
-            done += len(batch)
-            rate = (time.time() - t0) / done
+            done, work_done = done + len(batch), work_done + length * len(batch)
+            rate = (time.time() - t0) / work_done
             print(f"\rniah: {done}/{total} prompts, length {length}, {time.time() - t0:.0f}s, "
-                  f"~{rate * (total - done):.0f}s left", end="", file=log, flush=True)
+                  f"~{rate * (work - work_done):.0f}s left", end="", file=log, flush=True)
     print(file=log)
     return records
 
