@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import model as M
-from tokenizer import load_tokenizer
+from sample import load
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --mc_source=hub
@@ -195,14 +195,9 @@ def main(argv=None):
     args = get_args(argv)
     dtype = getattr(torch, args.dtype)
     try:
-        net = M.from_pretrained(args.init_from, dtype=dtype, device=args.device).eval()
-        if args.mixer:
-            import mixers
-
-            net = mixers.student_from_teacher(net, args.mixer).to(device=args.device, dtype=dtype).eval()
+        net, tok = load(args.init_from, args.mixer, None, args.device, args.dtype)
         student = net.config.mixer != "attention"
         teacher = M.from_pretrained(args.teacher, dtype=dtype, device=args.device).eval() if student and args.teacher != "none" else None
-        tok = load_tokenizer(args.init_from if not args.init_from.endswith(".pt") else "default")
         data = np.memmap(args.data, dtype=np.uint16, mode="r")
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -36,8 +36,7 @@ import uuid
 import numpy as np
 import torch
 
-import model as M
-from tokenizer import load_tokenizer
+from sample import load
 
 GRASS = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 WORDS = ("apple ocean violin marble garden rocket silver thunder lantern meadow puzzle harbor "
@@ -273,17 +272,10 @@ def heatmap(acc, lengths, depths, path, title):
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
-    dtype = getattr(torch, args.dtype)
     try:
-        net = M.from_pretrained(args.init_from, dtype=dtype, device=args.device)
-        if args.mixer:
-            import mixers
-
-            net = mixers.student_from_teacher(net, args.mixer).to(device=args.device, dtype=dtype)
-        tok = load_tokenizer(args.tokenizer or (args.init_from if not args.init_from.endswith(".pt") else "default"))
+        net, tok = load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    net.eval()
     name = args.mixer or os.path.splitext(os.path.basename(args.init_from.rstrip("/")))[0]
     out_dir = args.out_dir or os.path.join("out", "niah", name)
     hay = Haystack(tok, args.filler, args.data)

@@ -41,22 +41,24 @@ def get_args(argv=None):
     return args
 
 
-def load_model(args):
-    net = M.from_pretrained(args.init_from, dtype=getattr(torch, args.dtype), device=args.device)
-    if args.mixer:
+def load(init_from, mixer=None, tokenizer=None, device="cpu", dtype="float32"):
+    """(model in eval mode, tokenizer) for the scripts that run a model: sample.py, niah.py,
+    evaluate.py. mixer: an untrained student of that model. A .pt checkpoint holds no
+    vocabulary: its tokenizer is the offline teacher's unless `tokenizer` says otherwise."""
+    net = M.from_pretrained(init_from, dtype=getattr(torch, dtype), device=device)
+    if mixer:
         import mixers
 
-        net = mixers.student_from_teacher(net, args.mixer).to(device=args.device, dtype=getattr(torch, args.dtype))
-    return net.eval()
+        net = mixers.student_from_teacher(net, mixer).to(device=device, dtype=getattr(torch, dtype))
+    tok = load_tokenizer(tokenizer or (init_from if not init_from.endswith(".pt") else "default"))
+    return net.eval(), tok
 
 
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
     try:
-        net = load_model(args)
-        vocab = args.tokenizer or (args.init_from if not args.init_from.endswith(".pt") else "default")
-        tok = load_tokenizer(vocab)
+        net, tok = load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     if args.chat is not None:
