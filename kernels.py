@@ -11,6 +11,12 @@ torch.autograd.Function with hand-written backward kernels.
     chunk_delta_rule       S_t = exp(g_t) * S_{t-1} ; S_t += beta_t k_t (v_t - S_t^T k_t)^T
                            (DeltaNet, Gated DeltaNet, KDA)
 
+Two more public functions decode one token (T = 1) in one fused kernel each, for inference
+under torch.no_grad() only (no backward), with the signatures of mixers.py's decoding steps:
+
+    recurrent_step_decay_additive   one token of chunk_decay_additive's recurrence
+    recurrent_step_delta_rule       one token of chunk_delta_rule's recurrence
+
 The kernels run compiled on a GPU and, with TRITON_INTERPRET=1, on the CPU, which is how
 the tests check them against the token-by-token references of mixers.py.
 
@@ -33,6 +39,7 @@ Sections:
     1. Shared helpers
     2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
     3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
+    4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
 """
 
 import torch
@@ -1520,3 +1527,111 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     return _DeltaRuleFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
                                     g, h0, float(scale))
+
+
+# -----------------------------------------------------------------------------
+# 4. Fused one-token decoding
+#
+# A decoding step reads and writes the whole fp32 state for a few flops per entry: it is
+# bound by memory, so the kernel's one job is to touch each state entry once. One program
+# owns (value block, batch, head); it loads its [K, BV] tile of the state and, in registers,
+#     S = exp(g) * S                 rows scaled: one factor per head or one per key channel
+#     u = v                          decayed additive
+#     u = beta * (v - S^T k)         delta rule (column j of S^T k needs only column j of S,
+#                                    so value blocks stay independent)
+#     S = S + k u^T ;  o = S^T (scale q)
+# then stores the tile into a new state tensor, leaving the caller's state as it was.
+# Gates keep section 2's codes: 0 none, 1 [H], 2 [B, 1, H], 3 [B, 1, H, K].
+# There is no backward: the steps serve decoding under torch.no_grad() (model.generate); with
+# autograd on, inputs that require gradients are refused rather than silently detached.
+
+_STEP_BV = 32  # value block: more programs (B * H * cdiv(Dv, 32)) for small decoding batches
+
+
+@triton.jit
+def _step_kernel(q, k, v, beta, g, h0, o, ht, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DELTA: tl.constexpr,
+                 HAS_H0: tl.constexpr):
+    """One token of either family (DELTA selects the delta rule) for one (value block, b, h).
+
+    q, k [B, 1, H, K], v and o [B, 1, H, V] (contiguous, so row b*H + h), states [B, H, K, V] fp32.
+    """
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_h = i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    b_q = tl.load(q + i_bh * K + o_k, mask=m_k, other=0.0).to(tl.float32) * scale  # [BK]
+    b_k = tl.load(k + i_bh * K + o_k, mask=m_k, other=0.0).to(tl.float32)  # [BK]
+    b_v = tl.load(v + i_bh * V + o_v, mask=m_v, other=0.0).to(tl.float32)  # [BV]
+    o_kv = i_bh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]  # [BK, BV] state offsets
+    if HAS_H0:
+        b_h = tl.load(h0 + o_kv, mask=m_kv, other=0.0)  # [BK, BV] fp32
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    # decay the rows of the state (log decays <= 0, so every factor is <= 1)
+    if GATE == 1:
+        b_h = b_h * tl.exp(tl.load(g + i_h).to(tl.float32))
+    elif GATE == 2:
+        b_h = b_h * tl.exp(tl.load(g + i_bh).to(tl.float32))
+    elif GATE == 3:
+        b_g = tl.load(g + i_bh * K + o_k, mask=m_k, other=0.0).to(tl.float32)  # [BK]
+        b_h = b_h * tl.exp(b_g)[:, None]
+    if DELTA:
+        # write only what the decayed memory gets wrong about k: beta (v - S^T k)
+        b_beta = tl.load(beta + i_bh).to(tl.float32)
+        b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], axis=0))  # [BV]
+    b_h += b_k[:, None] * b_v[None, :]  # S + k u^T
+    b_o = tl.sum(b_h * b_q[:, None], axis=0)  # S^T (scale q) [BV]
+    tl.store(o + i_bh * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+    tl.store(ht + o_kv, b_h, mask=m_kv)
+
+
+def _step_launch(q, k, v, beta, g, initial_state, scale):
+    """Check the shapes and launch _step_kernel; beta None means the decayed-additive family."""
+    _check_qkv(q, k, v)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    assert T == 1, f"a decoding step takes one token, got T = {T}"
+    assert K <= 256, "decoding steps: Dk <= 256 (one key block)"
+    needs_grad = any(x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state))
+    assert not (torch.is_grad_enabled() and needs_grad), \
+        "the decoding steps have no backward: call them under torch.no_grad()"
+    gate = _add_gate_kind(g, q)  # T = 1: [H], [B, 1, H] or [B, 1, H, K]
+    if beta is not None:
+        assert tuple(beta.shape) == (B, 1, H), f"beta {tuple(beta.shape)}: expected [B, 1, H]"
+    if initial_state is not None:
+        shape = tuple(initial_state.shape)
+        assert shape == (B, H, K, V), f"initial_state {shape}: expected [B,H,Dk,Dv] = {(B, H, K, V)}"
+        initial_state = initial_state.float().contiguous()  # read only: the kernel writes ht
+    scale = K ** -0.5 if scale is None else float(scale)
+    o = torch.empty(B, 1, H, V, device=v.device, dtype=v.dtype)
+    ht = torch.empty(B, H, K, V, device=v.device, dtype=torch.float32)
+    BK, BV = _pow2(K), min(_pow2(V), _STEP_BV)
+    _step_kernel[(triton.cdiv(V, BV), B * H)](
+        q.contiguous(), k.contiguous(), v.contiguous(), q if beta is None else beta.contiguous(),
+        q if g is None else g.contiguous(), ht if initial_state is None else initial_state, o, ht, scale,
+        H=H, K=K, V=V, BK=BK, BV=BV, GATE=gate, DELTA=beta is not None, HAS_H0=initial_state is not None,
+        num_warps=4)
+    return o, ht
+
+
+def recurrent_step_decay_additive(q, k, v, g=None, initial_state=None, scale=None):
+    """One decoding token of the decayed-additive family, fused; inference only (no autograd).
+
+    S = exp(g) * S + k v^T ;  o = S^T (scale * q)
+    q, k [B,1,H,Dk]; v [B,1,H,Dv]; g None, [H], [B,1,H] or [B,1,H,Dk] log decays (<= 0);
+    initial_state [B,H,Dk,Dv] or None (zeros). Returns (o [B,1,H,Dv] in v's dtype, a new
+    state [B,H,Dk,Dv] in fp32); initial_state is not modified.
+    """
+    return _step_launch(q, k, v, None, g, initial_state, scale)
+
+
+def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None):
+    """One decoding token of the delta-rule family, fused; inference only (no autograd).
+
+    S = exp(g) * S ;  S = S + beta k (v - S^T k)^T ;  o = S^T (scale * q)
+    Shapes as recurrent_step_decay_additive, with beta [B,1,H]. Returns (o, new fp32 state).
+    """
+    return _step_launch(q, k, v, beta, g, initial_state, scale)
