@@ -183,7 +183,7 @@ class BinWriter:
         with open(os.path.join(self.out_dir, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         print(f"{self.out_dir}: train {self.tokens['train']:,} tokens ({self.docs['train']:,} docs), "
-              f"val {self.tokens['val']:,} tokens ({self.docs['val']:,} docs)")
+              f"val {self.tokens['val']:,} tokens ({self.docs['val']:,} docs)", flush=True)
         return False
 
 
@@ -200,7 +200,7 @@ def write_texts(out_dir, options, texts, tok, val_fraction, max_tokens=None, nam
             progress.update(1, w.add(split, ids))
             if max_tokens and progress.tokens >= max_tokens:
                 break
-    progress.close()
+        progress.close()  # ends the status line before the writer prints its summary
 
 
 def encode_stream(texts, tok, batch_size=256):
@@ -227,7 +227,7 @@ def write_chats(out_dir, options, chats, tok, val_fraction, max_tokens=None, nam
             progress.update(1, w.add(split, ids, mask))
             if max_tokens and progress.tokens >= max_tokens:
                 break
-    progress.close()
+        progress.close()
     if skipped:
         print(f"{name}: skipped {skipped:,} conversations without an assistant message")
 

@@ -2,6 +2,7 @@
 score of a model that copies from its context (1) and of one that guesses (0)."""
 
 import json
+import os
 import random
 import re
 
@@ -43,10 +44,29 @@ def test_prompt_has_the_length_and_the_needle_sits_at_its_depth(tok, grass, chat
             assert ("<|im_start|>assistant" in text) == chat
 
 
-def test_offline_filler_does_not_repeat_and_needles_follow_sentence_ends(tok):
-    hay = niah.Haystack(tok, "offline", niah.get_args([]).data)
-    if len(hay.ids) < 10_000:
-        pytest.skip("data/offline/val.bin not prepared")
+def held_out_bin(tok, path):
+    """A small uint16 token file of real prose, like data/offline/val.bin, that needs no download:
+    docstrings of the Python standard library, one document each."""
+    import ast
+    import glob
+    import sysconfig
+
+    import numpy as np
+
+    ids = []
+    for f in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))):
+        doc = ast.get_docstring(ast.parse(open(f, encoding="utf-8").read())) or ""
+        if len(doc) > 400:
+            ids += tok.encode(" ".join(doc.split())) + [tok.eot_id]  # prose: whitespace runs collapsed
+        if len(ids) > 30_000:
+            break
+    np.array(ids, dtype=np.uint16).tofile(path)
+    return str(path)
+
+
+def test_offline_filler_does_not_repeat_and_needles_follow_sentence_ends(tok, tmp_path):
+    hay = niah.Haystack(tok, "offline", held_out_bin(tok, tmp_path / "val.bin"))
+    assert len(hay.ids) > 10_000
     rng = random.Random(1)
     filler = hay.sample(2000, rng)
     assert hay.ends[filler[-1]]  # windows end on a sentence end
