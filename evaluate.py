@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import model as M
-from sample import load
+from sample import load, model_args
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --mc_source=hub
@@ -40,8 +40,7 @@ TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --m
 def get_args(argv=None):
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init_from", default="default", help="model to evaluate: teacher, .gguf, snapshot, hub id or .pt")
-    p.add_argument("--mixer", default=None, help="evaluate an untrained student with this mixer")
+    model_args(p)  # the model to evaluate: --init_from, --tokenizer, --mixer, --device, --dtype
     p.add_argument("--teacher", default="default", help="reference for KL and recovery when the model is a student; 'none' skips")
     p.add_argument("--data", default=os.path.join(ROOT, "data", "offline", "val.bin"), help="uint16 token file")
     p.add_argument("--seq_len", type=int, default=512, help="window length for perplexity (the study trains at 512)")
@@ -52,8 +51,6 @@ def get_args(argv=None):
     p.add_argument("--mc_limit", type=int, default=0 if cuda else 50, help="questions per task (0 = all)")
     p.add_argument("--batch_size", type=int, default=32 if cuda else 4)
     p.add_argument("--out", default=None, help="write the results here as JSON")
-    p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16", "float16"])
     return p.parse_args(argv)
 
 
@@ -195,7 +192,7 @@ def main(argv=None):
     args = get_args(argv)
     dtype = getattr(torch, args.dtype)
     try:
-        net, tok = load(args.init_from, args.mixer, None, args.device, args.dtype)
+        net, tok = load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
         student = net.config.mixer != "attention"
         teacher = M.from_pretrained(args.teacher, dtype=dtype, device=args.device).eval() if student and args.teacher != "none" else None
         data = np.memmap(args.data, dtype=np.uint16, mode="r")

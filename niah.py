@@ -36,7 +36,7 @@ import uuid
 import numpy as np
 import torch
 
-from sample import load
+from sample import load, model_args
 
 GRASS = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 WORDS = ("apple ocean violin marble garden rocket silver thunder lantern meadow puzzle harbor "
@@ -60,9 +60,7 @@ INSTRUCTION = ("Some special magic {what} are hidden within the following text. 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--init_from", default="default", help="teacher ('default'), .gguf, snapshot, hub id or .pt checkpoint")
-    p.add_argument("--tokenizer", default=None, help="vocabulary source (default: init_from, or the offline teacher for .pt)")
-    p.add_argument("--mixer", default=None, help="build an untrained student with this mixer (smoke tests)")
+    model_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype
     p.add_argument("--full", action="store_true", help="GPU setting: lengths up to 8k, 30 prompts per cell")
     p.add_argument("--lengths", default=None, help="prompt lengths in tokens (default 512,1024,2048; --full adds 4096,8192)")
     p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
@@ -74,8 +72,6 @@ def get_args(argv=None):
     p.add_argument("--batch_size", type=int, default=None, help="prompts per forward (default 4 on CPU, 16 on GPU)")
     p.add_argument("--out_dir", default=None, help="where results go (default out/niah/<model name>)")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=["float32", "bfloat16", "float16"])
     a = p.parse_args(argv)
     a.lengths = [int(x) for x in (a.lengths or ("512,1024,2048,4096,8192" if a.full else "512,1024,2048")).split(",")]
     a.depths = [float(x) for x in a.depths.split(",")]

@@ -21,11 +21,19 @@ import model as M
 from tokenizer import load_tokenizer
 
 
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_args(p):
+    """The options of every script that runs a model (sample.py, niah.py, evaluate.py); load()
+    takes them."""
     p.add_argument("--init_from", default="default", help="'default' (offline SmolLM2-135M-Instruct), .gguf, snapshot folder, hub id or .pt checkpoint")
     p.add_argument("--tokenizer", default=None, help="where the vocabulary comes from (default: init_from, or the offline teacher for .pt)")
-    p.add_argument("--mixer", default=None, help="build an untrained student with this mixer from the teacher")
+    p.add_argument("--mixer", default=None, help="build an untrained student with this mixer from the model")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=["float32", "bfloat16", "float16"])
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_args(p)
     p.add_argument("--prompt", default="Once upon a time", help="plain-text prompt")
     p.add_argument("--chat", default=None, help="a user message, wrapped in the ChatML template")
     p.add_argument("--max_new_tokens", type=int, default=128)
@@ -33,8 +41,6 @@ def get_args(argv=None):
     p.add_argument("--top_k", type=int, default=50, help="0 = no top-k filtering")
     p.add_argument("--num_samples", type=int, default=1, help="samples drawn in one batch")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=["float32", "bfloat16", "float16"])
     args = p.parse_args(argv)
     if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1 or args.top_k < 0:
         p.error("temperature, max_new_tokens and top_k must be >= 0, num_samples >= 1")
@@ -75,13 +81,14 @@ def main(argv=None):
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split characters
     out = [[] for _ in range(args.num_samples)]
     done = torch.zeros(args.num_samples, dtype=torch.bool, device=args.device)
+    stop_ids = torch.tensor(sorted(stops), device=args.device)
     t0, n = time.time(), 0
     for nxt in net.generate(x, args.max_new_tokens, args.temperature, args.top_k or None):
         n += 1
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
                 out[i].append(t)
-        done |= torch.isin(nxt, torch.tensor(sorted(stops), device=nxt.device))
+        done |= torch.isin(nxt, stop_ids)
         if stream and not done[0]:
             sys.stdout.write(utf8.decode(tok.decode_bytes(out[0][-1:])))
             sys.stdout.flush()
