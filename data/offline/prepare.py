@@ -22,7 +22,6 @@ Result (SmolLM2 tokenizer, val = 2% of documents by content hash):
   train.bin  5,164,065 tokens (472 docs),  val.bin  93,121 tokens (11 docs)
 """
 
-import argparse
 import json
 import os
 import re
@@ -105,12 +104,8 @@ READERS = {"shakespeare": shakespeare_docs, "bible": bible_docs, "sotu": sotu_do
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out_dir", default=HERE, help="where train.bin, val.bin, meta.json go")
+    p = common.parser(__doc__, HERE, 0.02, "documents")
     p.add_argument("--cache", default=os.path.join(HERE, "cache"), help="where the archives are kept")
-    p.add_argument("--val_fraction", type=float, default=0.02, help="share of documents in val")
-    p.add_argument("--tokenizer", default="default", help="load_tokenizer() argument")
-    p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     args = p.parse_args(argv)
 
     options = {"sources": {k: v[1] for k, v in SOURCES.items()}, "val_fraction": args.val_fraction,
