@@ -803,6 +803,8 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 # cumsum repeat the last real value (exponents in padded rows stay <= 0, never inf * 0).
 _DELTA_BT = 64  # chunk length
 _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
+# warps per launch, by kernel; bwd_main takes the second value when BK > 64
+_DELTA_WARPS = {"kkt": 4, "wu": 4, "fwd_h": 4, "fwd_o": 4, "bwd_dh": 4, "bwd_main": (4, 8), "bwd_intra": 4}
 
 
 def _delta_dot_precision(x):
@@ -1417,6 +1419,12 @@ def _delta_bv_seq(B, H, V, BV):
     return BV
 
 
+def _delta_seq_stages(q, BK):
+    # the two sequential kernels prefetch the next chunks' [BT, BK] tiles (3 stages by default);
+    # fp32 tiles at BK = 128 would need 240 KB of shared memory, more than the H200's 227 KB
+    return 1 if q.element_size() == 4 and BK > 64 else 3
+
+
 def _delta_prepare(q, k, v, beta, g, scale, mode):
     """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
@@ -1428,7 +1436,7 @@ def _delta_prepare(q, k, v, beta, g, scale, mode):
     A = torch.empty(B, Tp, H, BT, device=q.device, dtype=torch.float32)
     P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
     _delta_kkt_kernel[(NT, B * H)](q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
-                                   MODE=mode, DOT=dot, num_warps=4)
+                                   MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["kkt"])
     Ai = torch.empty_like(A)
     _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=1)  # 16x16 work: one warp
     return gc, Ai, P
@@ -1440,7 +1448,7 @@ def _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht):
     BT, dot = _DELTA_BT, _delta_dot_precision(q)
     w, u = torch.empty_like(k), torch.empty_like(v)
     _delta_wu_kernel[(NT, B * H)](k, v, beta, gc, Ai, w, u, T, Tp, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                                  MODE=mode, DOT=dot, num_warps=4)
+                                  MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["wu"])
     # chunk states in the inputs' dtype: every reader casts them to it for its dot anyway
     h = torch.empty(B, NT, H, K, V, device=q.device, dtype=q.dtype)
     vn = torch.empty_like(v)
@@ -1449,7 +1457,7 @@ def _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht):
     _delta_fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, gc, h0 if h0 is not None else q, h, vn, ht if store_ht else q, T, Tp, NT,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, USE_H0=h0 is not None, STORE_HT=store_ht,
-        DOT=dot, num_warps=4)
+        DOT=dot, num_warps=_DELTA_WARPS["fwd_h"], num_stages=_delta_seq_stages(q, BK))
     return w, h, vn, ht
 
 
@@ -1464,7 +1472,7 @@ class _DeltaRuleFunction(torch.autograd.Function):
         o, dot = torch.empty_like(v), _delta_dot_precision(q)
         _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
             q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
-            MODE=mode, DOT=dot, num_warps=4)
+            MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["fwd_o"])
         ctx.save_for_backward(q, k, v, beta, g, h0, gc if mode else None, Ai, P)
         ctx.mode, ctx.scale = mode, scale
         return o, ht
@@ -1487,7 +1495,8 @@ class _DeltaRuleFunction(torch.autograd.Function):
         _delta_bwd_dh_kernel[(triton.cdiv(V, BVs), B * H)](
             q, k, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
             dh, dvn, scale, T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, MODE=mode,
-            USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=4)
+            USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=_DELTA_WARPS["bwd_dh"],
+            num_stages=_delta_seq_stages(q, BK))
         f32 = dict(device=q.device, dtype=torch.float32)
         dq_in, dk_in = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
         db_in = torch.empty(B, T, H, **f32)
@@ -1496,12 +1505,12 @@ class _DeltaRuleFunction(torch.autograd.Function):
         dG = torch.empty((B, Tp, H, K) if mode == 2 else (B, Tp, H), **f32) if mode else q
         _delta_bwd_main_kernel[(NT, B * H)](
             q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
-            T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, DOT=dot, num_warps=8 if BK > 64 else 4,
+            T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["bwd_main"][BK > 64],
             num_stages=1)
         dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
         _delta_bwd_intra_kernel[(NT, B * H)](
             q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
-            BC=_DELTA_BC, BK=BK, MODE=mode, DOT=dot, num_warps=4)
+            BC=_DELTA_BC, BK=BK, MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["bwd_intra"])
         dg = None
         if mode:
             dg = torch.empty_like(g)

@@ -59,12 +59,24 @@ def _model():
 
 
 def _kernel(name, x):
-    """kernels.<name> when x is on CUDA, USE_KERNELS is on and kernels.py defines it; else None."""
+    """kernels.<name> when x is on CUDA, USE_KERNELS is on and kernels.py defines it; else None.
+
+    The kernel gets q, k and v in one dtype: autocast's while autocast is on, else x's. Under CUDA
+    autocast, F.normalize and exp return fp32, and fp32 operands would send the kernels to exact
+    fp32 products, many times slower than bf16 ones. Gates, beta and states pass as they are."""
     if not (USE_KERNELS and x.is_cuda):
         return None
     import kernels
 
-    return getattr(kernels, name, None)
+    fn = getattr(kernels, name, None)
+    return None if fn is None else _one_dtype(fn, x)
+
+
+def _one_dtype(fn, x):
+    """fn(q, k, v, *rest) with q, k, v cast to autocast's dtype where autocast is on, else x's."""
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    return lambda q, k, v, *rest: fn(q.to(dtype), k.to(dtype), v.to(dtype), *rest)
 
 
 def _fp32(fn):

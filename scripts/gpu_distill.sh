@@ -48,7 +48,7 @@ for stage in 1 2 3; do
 done
 
 # 2. one step at length 2048: the teacher training itself (lm, softmax attention) vs stage 3
-L2K="--block_size=2048 --batch_size=8 --grad_accum=1 --max_iters=30 --eval_interval=30 --eval_iters=2 --resume=false"
+L2K="--block_size=2048 --batch_size=8 --grad_accum=1 --max_iters=${STEPS_2K:-30} --eval_interval=${STEPS_2K:-30} --eval_iters=2 --resume=false"
 row teacher_lm_2048 $PY train.py --mixer=attention --stage=lm --teacher="$TEACHER" --out_dir="$OUT/lm2048" $L2K
 row stage3_2048 $PY train.py --mixer=gated_deltanet --stage=3 --teacher="$TEACHER" --out_dir="$OUT/s3_2048" \
   --init_from="$CK/gated_deltanet/stage2.pt" $L2K

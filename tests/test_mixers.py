@@ -382,36 +382,60 @@ def test_student_from_the_offline_teacher_trains(teacher):
     assert student.model.layers[3].self_attn.A_log.grad.abs().sum() > 0  # the new gates learn
 
 
+def test_kernels_get_one_dtype_under_autocast():
+    # under CUDA autocast F.normalize and exp return fp32: the kernels must still get bf16 q, k, v
+    seen = []
+    record = lambda *a: seen.append([None if x is None else x.dtype for x in a])  # noqa: E731
+    q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
+    v, beta = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16), torch.rand(1, 4, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixers._one_dtype(record, q)(q, k, v, beta, None)
+    mixers._one_dtype(record, q)(q, k, v.float(), beta, None)  # no autocast: q's dtype
+    assert seen == [[torch.bfloat16] * 3 + [torch.float32, None], [torch.float32] * 4 + [None]]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                     reason="needs a GPU and compiled Triton")
 @pytest.mark.parametrize("mixer", mixers.MIXERS)
 def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
-    # a student step under bf16 autocast through kernels.py equals the same step through the
-    # chunked PyTorch forms: loss and every gradient (fla's bf16 tolerances, REFERENCE.md section 2)
+    # One student step (loss and every parameter gradient) four ways: the fp32 PyTorch chunked
+    # forms are the reference; the kernels in fp32 (tf32 products in the additive family) agree
+    # within 2%; under bf16 autocast the kernels are at most as far from the reference as the
+    # PyTorch forms under the same autocast, within 1.25x plus 0.5% (both carry bf16 rounding
+    # of a few percent on some gradients, so comparing them with each other proves little).
     import kernels
 
     torch.manual_seed(0)
     cfg = model.Config(vocab_size=512, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, intermediate_size=512)
     student = mixers.student_from_teacher(model.SmolLM2(cfg), mixer).cuda()
     x = torch.randint(0, 512, (2, 300), device="cuda")
-    calls = []
+    dtypes = []
     for name in ("chunk_decay_additive", "chunk_delta_rule"):
         fn = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _fn=fn, **k: calls.append(1) or _fn(*a, **k))
+        monkeypatch.setattr(kernels, name, lambda q, *a, _fn=fn: dtypes.append(q.dtype) or _fn(q, *a))
 
-    def step(use_kernels):
+    def step(use_kernels, bf16):
         monkeypatch.setattr(mixers, "USE_KERNELS", use_kernels)
         student.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             _, loss = student(x[:, :-1], targets=x[:, 1:])
         loss.backward()
         return loss.item(), {n: p.grad.float().clone() for n, p in student.named_parameters() if p.grad is not None}
 
-    loss_k, grads_k = step(True)
-    assert len(calls) == cfg.n_layer  # every layer went through a Triton kernel
-    loss_t, grads_t = step(False)
-    assert len(calls) == cfg.n_layer
-    assert abs(loss_k - loss_t) < 1e-2 * abs(loss_t)
-    for n, g in grads_t.items():
-        err = (grads_k[n] - g).norm() / g.norm().clamp(min=1e-12)
-        assert err < 0.02, f"{n}: relative error {err:.4f}"
+    def errors(run, ref):
+        (loss, grads), (loss_ref, grads_ref) = run, ref
+        errs = {n: ((grads[n] - g).norm() / g.norm().clamp(min=1e-12)).item() for n, g in grads_ref.items()}
+        return abs(loss - loss_ref) / abs(loss_ref), errs
+
+    ref = step(False, False)
+    assert not dtypes  # the reference never touched a kernel
+    kern32 = errors(step(True, False), ref)
+    assert dtypes == [torch.float32] * cfg.n_layer  # every layer went through a Triton kernel
+    kern16 = errors(step(True, True), ref)
+    assert dtypes[cfg.n_layer:] == [torch.bfloat16] * cfg.n_layer  # bf16 operands under autocast
+    torch16 = errors(step(False, True), ref)
+    assert kern32[0] < 1e-3 and kern16[0] < 1.25 * torch16[0] + 1e-3
+    for n in ref[1]:
+        assert kern32[1][n] < 0.02, f"{n}: fp32 kernels off by {kern32[1][n]:.4f}"
+        limit = 1.25 * torch16[1][n] + 0.005
+        assert kern16[1][n] < limit, f"{n}: bf16 kernels off by {kern16[1][n]:.4f}, PyTorch bf16 by {torch16[1][n]:.4f}"
