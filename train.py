@@ -86,6 +86,7 @@ class Settings:
     device: str = "cuda" if GPU else "cpu"  # torchrun picks cuda:<local rank> itself
     dtype: str = "bfloat16"  # autocast dtype, "bfloat16" or "float32" (= no autocast); weights stay fp32
     compile: bool = False  # torch.compile the student and its loss
+    profile: int = 0  # > 0: profile this many steps after 3 warm-up steps, write <ckpt>_profile.txt/.json, stop
     seed: int = 1337  # new mixer weights and the order of batches
     peak_tflops: float = 989.0 if GPU else 0.0  # per device, for MFU (H100/H200 dense bf16); 0 = no MFU
 
@@ -300,6 +301,51 @@ def plot(history, path):
     os.replace(path + ".tmp", path)
 
 
+class Profile:
+    """--profile=N: torch.profiler over N steps after 3 warm-up steps. Writes <base>_profile.txt
+    (ops by self time on the device, or on the CPU without one) and <base>_profile.json (a
+    Chrome trace for chrome://tracing or ui.perfetto.dev), and logs wall time per step against
+    the time the device was busy: far apart, the step waits on Python and kernel launches."""
+
+    WARMUP = 3
+
+    def __init__(self, s, dev_type, step):
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self.n, self.cuda, self.first = s.profile, dev_type == "cuda", step
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.prof = profile(activities=acts, schedule=schedule(wait=0, warmup=self.WARMUP, active=self.n, repeat=1))
+        self.prof.start()
+        self.t0 = None
+
+    def step(self, step, master, base):
+        """Call after each optimizer step; True once the profiled steps are done."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        done = step - self.first
+        if done == self.WARMUP:
+            self.t0 = time.time()
+        if done < self.WARMUP + self.n:
+            self.prof.step()
+            return False
+        wall = (time.time() - self.t0) / self.n
+        self.prof.stop()
+        if master:
+            ops = self.prof.key_averages()
+            key = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+            # seconds a step (totals in us); ProfilerStep's own time is the Python between ops
+            busy = sum(getattr(e, key) for e in ops if not e.key.startswith("ProfilerStep")) / 1e6 / self.n
+            where = "device" if self.cuda else "CPU in ops (the Python between ops left out)"
+            summary = (f"profile: {self.n} steps after {self.WARMUP} warm-up, {wall * 1000:.1f} ms a step, "
+                       f"{where} busy {busy * 1000:.1f} ms a step ({busy / wall:.0%})")
+            os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+            with open(base + "_profile.txt", "w") as f:
+                f.write(summary + "\n\n" + ops.table(sort_by=key, row_limit=40) + "\n")
+            self.prof.export_chrome_trace(base + "_profile.json")
+            print(f"{summary}\nwrote {base}_profile.txt and {base}_profile.json", flush=True)
+        return True
+
+
 @torch.no_grad()
 def evaluate(loss_model, teacher, batches, ctx):
     """The stage loss, and the student against the teacher, over the fixed val batches."""
@@ -421,8 +467,12 @@ def main(argv=None):
             save(ckpt_path(s), student, optimizer, step, s, history)
         plot(history, ckpt_path(s)[:-3] + ".png")
 
-    if master and step == 0:
+    if master and step == 0 and not s.profile:
         eval_and_save()  # where the student starts
+    prof = None
+    if s.profile:
+        s.max_iters = max(s.max_iters, step + Profile.WARMUP + s.profile)
+        prof = Profile(s, dev_type, step)
     t_last, step_last, ema = time.time(), step, None
     while step < s.max_iters:
         # the learning rate is a function of the step alone (so resuming needs no schedule state)
@@ -445,6 +495,8 @@ def main(argv=None):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        if prof is not None and prof.step(step, master, ckpt_path(s)[:-3]):
+            break  # profiling is a measurement: no eval, no checkpoint
 
         if step % s.log_interval == 0 or step == s.max_iters:
             loss_val = float(loss_sum)  # waits for the device
@@ -458,7 +510,7 @@ def main(argv=None):
             bar = "#" * (20 * step // s.max_iters)
             log(f"step {step}/{s.max_iters} [{bar:.<20}] loss {loss_val:.4f} | lr {lr:.2e} | "
                 f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | eta {clock(ema * (s.max_iters - step))}")
-        if master and (step % s.eval_interval == 0 or step == s.max_iters):
+        if master and not s.profile and (step % s.eval_interval == 0 or step == s.max_iters):
             eval_and_save()
             t_last = time.time()  # eval time is not step time
     if ddp:

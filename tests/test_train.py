@@ -272,3 +272,15 @@ def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
     two = torch.load(tmp_path / "two" / MIXER / "stagelm.pt", weights_only=True)["history"]
     assert two["val"][-1]["loss"] == pytest.approx(one["val"][-1]["loss"], rel=1e-4)
+
+
+def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
+    out = setup / "profiled"
+    train.main(args(setup, out_dir=out, stage="lm", mixer="attention", max_iters=2, profile=2))
+    base = out / "attention" / "stagelm"
+    table = (base.parent / (base.name + "_profile.txt")).read_text()
+    assert table.startswith("profile: 2 steps after 3 warm-up") and "aten::mm" in table
+    trace = (base.parent / (base.name + "_profile.json")).read_text()
+    assert '"traceEvents"' in trace and "aten::mm" in trace
+    assert not (base.parent / (base.name + ".pt")).exists()  # a measurement writes no checkpoint
+    assert "ms a step" in capsys.readouterr().out
