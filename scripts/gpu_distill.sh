@@ -6,10 +6,17 @@
 #
 #   bash scripts/gpu_distill.sh [teacher]        # teacher: anything --teacher takes; 'default'
 #   GPUS=2 STEPS=300 bash scripts/gpu_distill.sh
+#   GPUS=2 EXTRA=--compile=true bash scripts/gpu_distill.sh random   # speed only, see below
+#
+# Teacher 'random': a SmolLM2-135M with random weights and a gated_deltanet student of it,
+# written to $OUT; stages 1 and 2 are skipped and stage 3 runs once on one GPU. The numbers
+# that depend on weights (perplexities) then mean nothing; the speeds are the real ones.
 #
 # Environment: STEPS optimizer steps per stage (default 150, 32k tokens each: 4.9M tokens a
-# stage), GPUS (default 1), OUT results folder (default out/gpu), PY python (default python3),
-# EXTRA settings appended to every run (e.g. a smaller model or data for a dry run on a CPU).
+# stage), STEPS_2K steps of the length-2048 runs (default 30), GPUS (default 1), OUT results
+# folder (default out/gpu), PY python (default python3), EXTRA settings appended to every run
+# (e.g. --compile=true; --profile=10, with 'random' only, since a profiled run writes no
+# checkpoint for the next stage; or a smaller model or data for a dry run on a CPU).
 # Every run's log goes to $OUT/<row>.log and its last step and eval lines to $OUT/results.md as
 # soon as it finishes. Needs data/offline/*.bin (python data/offline/prepare.py).
 set -euo pipefail
@@ -41,8 +48,28 @@ row() {  # row <name> <launcher...> -- <train.py settings...>: run, keep the log
   $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>/dev/null || true
 } >> "$OUT/results.md"
 
+STAGES="1 2 3"
+if [ "$TEACHER" = random ]; then
+  mkdir -p "$CK/gated_deltanet"
+  $PY - "$OUT/random_teacher.pt" "$CK/gated_deltanet/stage2.pt" <<'SETUP'
+import sys
+
+import torch
+
+import mixers
+import model
+
+torch.manual_seed(0)
+teacher = model.SmolLM2(model.Config.from_preset("smollm2-135m"))
+model.save_checkpoint(sys.argv[1], teacher)
+model.save_checkpoint(sys.argv[2], mixers.student_from_teacher(teacher, "gated_deltanet"))
+SETUP
+  TEACHER="$OUT/random_teacher.pt"
+  STAGES=3
+fi
+
 # 1. the three stages at the study's length 512, 16 x 512 x 4 = 32k tokens per step
-for stage in 1 2 3; do
+for stage in $STAGES; do
   row "stage$stage" $PY train.py --mixer=gated_deltanet --stage=$stage --teacher="$TEACHER" --out_dir="$CK" \
     --max_iters="$STEPS" --eval_interval="$STEPS" --eval_iters=10 --resume=false
 done
