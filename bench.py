@@ -8,6 +8,7 @@ triton.testing.do_bench in bf16; rows are appended to --out as they finish.
 
     python bench.py                                  # all mixers, the three shapes below
     python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --fla
+    python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --profile   # time per kernel
 
 FLOP counts are those of the chunked algorithm (chunk C = 64, per token and head):
 decayed additive 4*Dk*Dv + 2*C*(Dk+Dv), delta rule 6*Dk*Dv + 6*C*Dk + 4*C*Dv; forward plus
@@ -130,6 +131,28 @@ def check(name, shape=(2, 1000, 4, 64)):
     return [relerr(a, b) for a, b in zip(*results)]
 
 
+def profile_kernels(name, shape, emit, steps=5):
+    """Device time of each kernel in one forward+backward of our kernels, most expensive first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    family, _ = MIXERS[name]
+    args = make_inputs(name, *shape)
+    run, _ = fwd_bwd(lambda x: call(ours(family), x), args, torch.randn_like(args[2]))
+    for _ in range(3):  # compile and warm up outside the profile
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    kernels_ = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    total = sum(e.self_device_time_total for e in kernels_) / steps / 1000
+    emit(f"\n{name} at {shape}: {total:.3f} ms of kernels per forward+backward")
+    for e in sorted(kernels_, key=lambda e: -e.self_device_time_total):
+        ms = e.self_device_time_total / steps / 1000
+        emit(f"  {ms:7.3f} ms  {100 * ms / total:4.1f}%  x{e.count // steps}  {e.key[:70]}")
+
+
 def sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -154,6 +177,7 @@ def main():
     ap.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated names from MIXERS")
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxTxHxD,...")
     ap.add_argument("--fla", action="store_true", help="also time fla (minutes of autotuning per shape)")
+    ap.add_argument("--profile", action="store_true", help="time each kernel of ours instead of the table")
     ap.add_argument("--out", default="out/bench.md", help="markdown table, appended row by row")
     a = ap.parse_args()
     names = a.mixers.split(",")
@@ -166,6 +190,11 @@ def main():
         out.write(line + "\n")
         out.flush()
 
+    if a.profile:
+        for shape in shapes:
+            for name in names:
+                profile_kernels(name, shape, emit)
+        return
     gbs, tfs = ceilings()
     emit(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}: "
          f"copy {gbs:.0f} GB/s, bf16 matmul {tfs:.0f} TFLOP/s\n")
