@@ -1,0 +1,154 @@
+"""
+Shared memory of every kernel launch of kernels.py, compiled for sm_90 (H100, H200) without a GPU.
+
+A GPU refuses a launch that needs more than 227 KB of shared memory per block (Triton raises
+OutOfResources), and Triton's CPU interpreter never notices. This script runs the public
+functions of kernels.py in the interpreter at small shapes, records every launch (kernel,
+argument dtypes, constexprs, warps, stages), compiles each distinct one offline with Triton's
+own compiler for sm_90 in subprocesses without the interpreter, and reads the shared memory
+the compiled kernel asks for.
+
+    python scripts/kernel_smem.py                            # both families, fp32 and bf16, Dk 64 and 128
+    python scripts/kernel_smem.py --dtypes=fp32 --dims=128 --families=delta
+
+Prints one line per compiled launch and exits with status 1 when one does not fit. Big kernels
+take 5 to 15 s each to compile on a CPU. tests/test_kernels_compile.py checks a subset.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SM90_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
+def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta"), kernels_=None):
+    """Run the public functions in Triton's interpreter; the distinct launches they make, as
+    [kernel name, {argument: ["ptr", "*<dtype>"] or ["val", value]}, {num_warps, num_stages}].
+    kernels_: keep only launches of these kernel names. Needs TRITON_INTERPRET=1 before triton
+    is imported."""
+    import torch
+    import triton.runtime.interpreter as interpreter
+
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import kernels
+    from gradients import run_and_grad
+
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+    found, run = {}, interpreter.InterpretedFunction.run
+
+    def spy(self, *args, grid, warmup, **kwargs):
+        values = dict(zip(self.arg_names, args), **kwargs)
+        opts = {"num_warps": values.pop("num_warps", 4), "num_stages": values.pop("num_stages", 3)}
+        enc = {n: ["ptr", "*" + names.get(v.dtype, "fp32")] if torch.is_tensor(v) else ["val", v]
+               for n, v in values.items()}
+        if kernels_ is None or self.fn.__name__ in kernels_:
+            launch = [self.fn.__name__, enc, opts]
+            found[json.dumps(launch, sort_keys=True)] = launch
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    B, T, H = 1, 70, 2  # two chunks, the second one partial
+    gen = torch.Generator().manual_seed(0)
+    rnd = lambda *s: 0.1 * torch.randn(*s, generator=gen)  # noqa: E731
+    gates = {"none": lambda K: None, "const": lambda K: torch.full((H,), -0.1),
+             "head": lambda K: -0.1 * torch.rand(B, T, H), "channel": lambda K: -0.1 * torch.rand(B, T, H, K)}
+    interpreter.InterpretedFunction.run = spy
+    try:
+        for dtype in [d for d, n in names.items() if n in dtypes]:
+            for D in dims:
+                q, k, v = (rnd(B, T, H, D).to(dtype) for _ in range(3))
+                k = torch.nn.functional.normalize(k.float(), dim=-1).to(dtype)
+                beta, h0, do, dht = torch.rand(B, T, H), rnd(B, H, D, D), rnd(B, T, H, D), rnd(B, H, D, D)
+                for gate, make in gates.items():
+                    g = make(D)
+                    g1 = g if g is None or gate == "const" else g[:, :1]
+                    with torch.no_grad():  # the fused decoding step (inference only)
+                        if "additive" in families:
+                            kernels.recurrent_step_decay_additive(q[:, :1], k[:, :1], v[:, :1], g1, h0)
+                        if "delta" in families and gate != "const":
+                            kernels.recurrent_step_delta_rule(q[:, :1], k[:, :1], v[:, :1], beta[:, :1], g1, h0)
+                    if "additive" in families:
+                        run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht)
+                    if "delta" in families and gate != "const":  # the delta rule's gate is per step
+                        run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
+    finally:
+        interpreter.InterpretedFunction.run = run
+    return list(found.values())
+
+
+def compile_all(found, jobs=2):
+    """[kernel name, constexprs, options, shared bytes] per distinct compiled launch, through
+    `jobs` subprocesses of this script (--compile) that import triton without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--compile"], cwd=ROOT, env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(jobs)]
+    outs = [p.communicate(json.dumps(found[i::jobs])) for i, p in enumerate(procs)]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            raise RuntimeError(f"offline compile failed:\n{err[-3000:]}")
+    return [json.loads(line) for out, _ in outs for line in out.splitlines()]
+
+
+def compile_stdin():
+    """--compile: launches as JSON on stdin -> one JSON line per distinct compiled launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sys.path.insert(0, ROOT)
+    import kernels
+
+    done = set()
+    for name, args, opts in json.load(sys.stdin):
+        fn = getattr(kernels, name)
+        constexpr = {fn.arg_names[i] for i in fn.constexprs}
+        sig, consts = {}, {}
+        for n in fn.arg_names:  # runtime scalars matter to the compiler by type alone
+            kind, v = args[n]
+            if n in constexpr:
+                sig[n], consts[n] = "constexpr", v
+            else:
+                sig[n] = v if kind == "ptr" else ("fp32" if isinstance(v, float) else "i32")
+        key = json.dumps([name, sig, consts, opts], sort_keys=True)
+        if key in done:
+            continue
+        done.add(key)
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+        print(json.dumps([name, consts, opts, k.metadata.shared]), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--dims", default="64,128", help="head sizes Dk = Dv")
+    ap.add_argument("--families", default="additive,delta")
+    ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.compile:
+        return compile_stdin()
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import warnings
+
+    warnings.simplefilter("ignore")
+    found = launches(a.dtypes.split(","), [int(d) for d in a.dims.split(",")], a.families.split(","))
+    print(f"{len(found)} launches recorded; compiling for sm_90 with {a.jobs} processes", flush=True)
+    rows = compile_all(found, a.jobs)
+    for name, consts, opts, shared in sorted(rows, key=lambda r: -r[3]):
+        c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "MODE", "DOT"))
+        print(f"{shared:7d} B  {'OVER ' if shared > SM90_SHARED else ''}{name} {c} "
+              f"warps={opts['num_warps']} stages={opts['num_stages']}")
+    over = [r for r in rows if r[3] > SM90_SHARED]
+    print(f"{len(rows)} kernels compiled; {len(over)} need more than {SM90_SHARED} bytes")
+    sys.exit(1 if over else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The delta-rule kernels that walk the chunks fit an H100/H200's shared memory in fp32 at Dk = 128.
+
+A GPU refuses a launch that needs more than 227 KB of shared memory per block, and Triton's CPU
+interpreter never notices. scripts/kernel_smem.py records the launches in the interpreter and
+compiles them offline for sm_90 (no GPU needed); the full sweep takes many minutes on a CPU, so
+this test takes the kernels and the case that once did not fit: the two sequential kernels at
+Dk = Dv = 128 in fp32, whose prefetched chunk tiles needed 240 KB at three pipeline stages.
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("records launches through Triton's interpreter (CPU runs)", allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("kernel_smem", os.path.join(ROOT, "scripts", "kernel_smem.py"))
+kernel_smem = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel_smem)
+
+
+def test_sequential_delta_kernels_fit_sm90_shared_memory_in_fp32():
+    found = kernel_smem.launches(dtypes=["fp32"], dims=[128], families=["delta"],
+                                 kernels_={"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"})
+    assert {name for name, *_ in found} == {"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"}
+    rows = kernel_smem.compile_all(found, jobs=2)
+    assert len(rows) >= 6  # two kernels x three gate granularities
+    assert all(shared > 0 for *_, shared in rows)
+    over = [r for r in rows if r[3] > kernel_smem.SM90_SHARED]
+    assert not over, over
+
+
+def test_the_check_sees_a_launch_that_does_not_fit():
+    # the same kernels at three pipeline stages are over the limit: the measurement can fail
+    found = kernel_smem.launches(dtypes=["fp32"], dims=[128], families=["delta"],
+                                 kernels_={"_delta_bwd_dh_kernel"})
+    for _, _, opts in found:
+        opts["num_stages"] = 3
+    rows = kernel_smem.compile_all(found[:1], jobs=1)
+    assert rows[0][3] > kernel_smem.SM90_SHARED
