@@ -3,11 +3,13 @@
 Claims: every stage lowers its loss; each stage starts from the previous stage's checkpoint;
 stage 1 moves only the mixers and their input norms, stage 2 only blocks; the KL is a mean
 per token; the manual teacher pass is the teacher's forward; a killed and resumed run gives
-bitwise the same losses and weights; bad settings stop with a readable message.
+bitwise the same losses and weights; --compile computes the same losses; bad settings stop
+with a readable message.
 """
 
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -284,3 +286,15 @@ def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
     assert '"traceEvents"' in trace and "aten::mm" in trace
     assert not (base.parent / (base.name + ".pt")).exists()  # a measurement writes no checkpoint
     assert "ms a step" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile on a CPU needs a C compiler")
+def test_compiled_training_matches_eager(setup, tmp_path):
+    # --compile=true compiles the student and its loss; it computes the same function
+    losses = {}
+    for compiled in (False, True):
+        h = train.main(args(setup, out_dir=tmp_path / str(compiled), stage="1", max_iters=3, eval_interval=3,
+                            compile=compiled))
+        losses[compiled] = [loss for _, loss in h["train"]]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
