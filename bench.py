@@ -145,7 +145,8 @@ def profile_kernels(name, shape, emit, steps=5):
         for _ in range(steps):
             run()
         torch.cuda.synchronize()
-    kernels_ = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    # kernel events only: the ops that launch them carry the same time again
+    kernels_ = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(e.self_device_time_total for e in kernels_) / steps / 1000
     emit(f"\n{name} at {shape}: {total:.3f} ms of kernels per forward+backward")
     for e in sorted(kernels_, key=lambda e: -e.self_device_time_total):

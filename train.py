@@ -332,9 +332,13 @@ class Profile:
         self.prof.stop()
         if master:
             ops = self.prof.key_averages()
-            key = "self_device_time_total" if self.cuda else "self_cpu_time_total"
-            # seconds a step (totals in us); ProfilerStep's own time is the Python between ops
-            busy = sum(getattr(e, key) for e in ops if not e.key.startswith("ProfilerStep")) / 1e6 / self.n
+            if self.cuda:  # the kernels (and copies) themselves: ops carry their kernels' time too
+                key = "self_device_time_total"
+                busy = sum(e.self_device_time_total for e in ops if e.device_type == torch.autograd.DeviceType.CUDA)
+            else:  # ops' own time; ProfilerStep's own time is the Python between ops
+                key = "self_cpu_time_total"
+                busy = sum(e.self_cpu_time_total for e in ops if not e.key.startswith("ProfilerStep"))
+            busy = busy / 1e6 / self.n  # seconds a step (the totals are in us)
             where = "device" if self.cuda else "CPU in ops (the Python between ops left out)"
             summary = (f"profile: {self.n} steps after {self.WARMUP} warm-up, {wall * 1000:.1f} ms a step, "
                        f"{where} busy {busy * 1000:.1f} ms a step ({busy / wall:.0%})")
