@@ -843,6 +843,19 @@ def _delta_put_blk(p, x, s, r, BC: tl.constexpr, stride):
 
 
 @triton.jit
+def _delta_gate_base(gc, i_b, i_h, Tp, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
+    # head i_h of batch i_b in the padded gate cumsum [B, Tp, H, K] or [B, Tp, H]: row t at
+    # + t * H * K per channel, + t * H per head (what _delta_gate and _delta_gate_row take)
+    return gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+
+
+@triton.jit
+def _delta_chunk_base(p, i_b, i_t, i_h, Tp, H: tl.constexpr, BT: tl.constexpr):
+    # chunk i_t of head i_h in a padded [B, Tp, H, BT] buffer (A, T, P, dA, dP): row r at + r * H * BT
+    return p + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+
+
+@triton.jit
 def _delta_gate(p_g, o_r, o_k, m_k, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
     # gate cumsum rows o_r from the padded buffer: [R, BK] per channel, [R, 1] per head
     if MODE == 2:
@@ -916,9 +929,9 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
     p_q = q + (i_b.to(tl.int64) * T * H + i_h) * K                     # row t at + t * H * K
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
     p_b = beta + i_b.to(tl.int64) * T * H + i_h                         # row t at + t * H
-    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
-    p_A = A + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT   # chunk row r at + r * H * BT
-    p_P = P + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
+    p_A = _delta_chunk_base(A, i_b, i_t, i_h, Tp, H, BT)   # chunk row r at + r * H * BT
+    p_P = _delta_chunk_base(P, i_b, i_t, i_h, Tp, H, BT)
     if MODE != 2:
         # scalar decays factor out of the dot: one [BT, BT] product per matrix
         o_t = i_t * BT + tl.arange(0, BT)
@@ -991,8 +1004,8 @@ def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constex
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     Tp = tl.num_programs(0) * BT
-    p_A = A + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
-    p_T = Ai + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_A = _delta_chunk_base(A, i_b, i_t, i_h, Tp, H, BT)
+    p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
     S: tl.constexpr = H * BT
     b_t00 = _delta_inv16(_delta_blk(p_A, 0, 0, BT, BC, S), BC)
     b_t11 = _delta_inv16(_delta_blk(p_A, 1, 1, BT, BC, S), BC)
@@ -1045,13 +1058,13 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.con
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    p_T = Ai + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
     b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
     b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32) * b_b[:, None]
     if MODE != 0:
-        p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
         b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, MODE))
     _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_k, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
     p_v = v + (i_b.to(tl.int64) * T * H + i_h) * V
@@ -1078,7 +1091,7 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
     p_w = w + (i_b.to(tl.int64) * T * H + i_h) * K
     p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
     p_vn = vn + (i_b.to(tl.int64) * T * H + i_h) * V
-    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)                                       # [K, BV] state
     if USE_H0:
         b_h += _delta_rows(h0 + i_bh.to(tl.int64) * K * V, o_k, m_k, o_v, m_v, V).to(tl.float32)
@@ -1123,11 +1136,11 @@ def _delta_fwd_o_kernel(q, vn, gc, h, P, o, scale, T, Tp, NT, H: tl.constexpr, K
     m_v = o_v < V
     b_q = _delta_rows(q + (i_b.to(tl.int64) * T * H + i_h) * K, o_t, m_t, o_k, m_k, H * K)
     if MODE != 0:
-        p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
         b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, MODE))).to(q.dtype.element_ty)
     b_h = _delta_rows(h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V, o_k, m_k, o_v, m_v, V)
     b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT) * scale                                   # [BT, BV]
-    p_P = P + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_P = _delta_chunk_base(P, i_b, i_t, i_h, Tp, H, BT)
     b_p = tl.load(p_P + o_i[:, None] * (H * BT) + o_i[None, :])                     # [BT, BT]
     b_vn = _delta_rows(vn + (i_b.to(tl.int64) * T * H + i_h) * V, o_t, m_t, o_v, m_v, H * V)
     b_o += tl.dot(b_p.to(b_vn.dtype), b_vn, input_precision=DOT)
@@ -1158,7 +1171,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
     p_w = w + (i_b.to(tl.int64) * T * H + i_h) * K
     p_do = do + (i_b.to(tl.int64) * T * H + i_h) * V
     p_dv = dvn + (i_b.to(tl.int64) * T * H + i_h) * V
-    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += _delta_rows(dht + i_bh.to(tl.int64) * K * V, o_k, m_k, o_v, m_v, V).to(tl.float32)
@@ -1170,7 +1183,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
         b_do = _delta_rows(p_do, o_t, m_t, o_v, m_v, H * V)                        # [BT, BV]
         b_q = _delta_rows(p_q, o_t, m_t, o_k, m_k, H * K)
         b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K)
-        p_P = P + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+        p_P = _delta_chunk_base(P, i_b, i_t, i_h, Tp, H, BT)
         b_p = tl.load(p_P + o_i[:, None] * (H * BT) + o_i[None, :])                 # [BT, BT]
         if MODE == 1:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * H)
@@ -1207,7 +1220,7 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    p_T = Ai + (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
+    p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
     b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_h = h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V
@@ -1243,7 +1256,7 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_k = _delta_rows(k + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
     if MODE != 0:
-        p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
         b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)                            # [BT, BK] or [BT, 1]
         b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, MODE)
         b_eg = tl.exp(b_g)
@@ -1268,9 +1281,10 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
     _delta_put(dk + o_bk, b_dkw + b_dkh, o_t, m_t, o_k, m_k, H * K)
     tl.store(db + i_b.to(tl.int64) * T * H + o_t * H + i_h, b_db, mask=m_t)
-    p_c = (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
-    tl.store(dP + p_c + o_i[:, None] * (H * BT) + o_i[None, :], b_dp)
-    tl.store(dA + p_c + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
+    p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
+    p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
+    tl.store(p_dP + o_i[:, None] * (H * BT) + o_i[None, :], b_dp)
+    tl.store(p_dA + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
     if MODE != 0:
         # dG from the terms handled here: Q e^G h, beta K e^G in W, K e^(G_last - G) in h'
         b_dg = b_q * b_dq + b_k * b_dkw - b_k * b_dkh
@@ -1300,8 +1314,9 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
     p_b = beta + i_b.to(tl.int64) * T * H + i_h
     p_db = db_in + i_b.to(tl.int64) * T * H + i_h
     p_dbo = dbeta + i_b.to(tl.int64) * T * H + i_h
-    p_c = (i_b.to(tl.int64) * Tp + i_t * BT) * H * BT + i_h * BT
-    p_g = gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
+    p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
     if MODE != 2:
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -1309,8 +1324,8 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
         b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
         b_k = _delta_rows(k + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
         b_b = tl.load(p_b + o_t * H, mask=m_t, other=0.).to(tl.float32)
-        b_dp = tl.load(dP + p_c + o_i[:, None] * (H * BT) + o_i[None, :])
-        b_da = tl.load(dA + p_c + o_i[:, None] * (H * BT) + o_i[None, :])
+        b_dp = tl.load(p_dP + o_i[:, None] * (H * BT) + o_i[None, :])
+        b_da = tl.load(p_dA + o_i[:, None] * (H * BT) + o_i[None, :])
         if MODE == 1:
             b_g = tl.load(p_g + o_t * H)
             b_d = tl.exp(tl.where(o_i[:, None] >= o_i[None, :], b_g[:, None] - b_g[None, :], 0.))
@@ -1351,23 +1366,23 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
                     # rows of s, columns of r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
                     b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32)
                     b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, MODE))
-                    b_rp += tl.dot(_delta_blk(dP + p_c, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-                    b_ra += tl.dot(_delta_blk(dA + p_c, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+                    b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+                    b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
                 if r > s:
                     # rows of r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
                     b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, MODE) - b_gla[None, :])
                     b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
                     b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
                     b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
-                    b_dpr = _delta_blk(dP + p_c, r, s, BT, BC, H * BT)
-                    b_dar = _delta_blk(dA + p_c, r, s, BT, BC, H * BT) * b_br[:, None]
+                    b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
+                    b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
                     b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
             b_rp *= tl.exp(b_gs - b_gf[None, :])
             b_ra *= tl.exp(b_gs - b_gf[None, :])
             b_cp *= tl.exp(b_gla[None, :] - b_gs)
             # diagonal sub-block, exact: loop over the row/column j inside s
-            p_cs = dP + p_c + (s * BC) * (H * BT) + s * BC
-            p_ca = dA + p_c + (s * BC) * (H * BT) + s * BC
+            p_cs = p_dP + (s * BC) * (H * BT) + s * BC
+            p_ca = p_dA + (s * BC) * (H * BT) + s * BC
             for j in range(BC):
                 t_j = i_t * BT + s * BC + j
                 m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
