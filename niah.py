@@ -36,7 +36,7 @@ import uuid
 import numpy as np
 import torch
 
-from sample import load, model_args
+from sample import load_args, model_args
 
 GRASS = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 WORDS = ("apple ocean violin marble garden rocket silver thunder lantern meadow puzzle harbor "
@@ -268,10 +268,7 @@ def heatmap(acc, lengths, depths, path, title):
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
-    try:
-        net, tok = load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    net, tok = load_args(args)
     name = args.mixer or os.path.splitext(os.path.basename(args.init_from.rstrip("/")))[0]
     out_dir = args.out_dir or os.path.join("out", "niah", name)
     hay = Haystack(tok, args.filler, args.data)

@@ -60,13 +60,19 @@ def load(init_from, mixer=None, tokenizer=None, device="cpu", dtype="float32"):
     return net.eval(), tok
 
 
+def load_args(args):
+    """load() from the options model_args added; a missing or bad checkpoint ends the script
+    with its message instead of a traceback."""
+    try:
+        return load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
-    try:
-        net, tok = load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
+    net, tok = load_args(args)
     if args.chat is not None:
         ids, _ = tok.encode_chat([{"role": "user", "content": args.chat}], add_generation_prompt=True)
         stops = {tok.im_end_id, tok.eot_id}
