@@ -40,6 +40,7 @@ Sections:
     2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
     3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
+    5. Training glue, fused: short_conv (mixers.ShortConv), distill_loss (distill.py's stage-3 loss)
 """
 
 import torch
@@ -1659,3 +1660,328 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
     Shapes as recurrent_step_decay_additive, with beta [B,1,H]. Returns (o, new fp32 state).
     """
     return _step_launch(q, k, v, beta, g, initial_state, scale)
+
+
+# -----------------------------------------------------------------------------
+# 5. Training glue: the short convolution and the distillation loss, fused
+#
+# Two steps of a training step that PyTorch runs as chains of memory-bound passes:
+#
+#   short_conv    y = silu(causal depthwise conv over time), the short conv in front of every
+#                 mixer (mixers.ShortConv). cuDNN's depthwise conv and its backward, plus the
+#                 padding, transposes and SiLU around it, cost about four times the delta rule's
+#                 own kernels at (B, T) = (8, 2048). Here: one kernel reads x once and writes y;
+#                 one backward kernel recomputes the pre-activation (S taps, from cache) and
+#                 writes dx and per-block partial sums of dw.
+#   distill_loss  ce_weight * CE(z, y) + kl_weight * T^2 KL(softmax(t / T) || softmax(z / T))
+#                 per row of logits z (student) and t (teacher), [N, V]. One program per row
+#                 reads the row twice (a pass for the log-sum-exps, a pass for the loss and
+#                 the gradient) and writes the gradient, known in closed form:
+#                     d CE / dz = softmax(z) - onehot(y),  d T^2 KL / dz = T (softmax(z / T) - p_t)
+#                 so the backward is one multiply by the incoming scalar.
+
+
+@triton.jit
+def _conv_pre(x, w, o_t, o_d, m_d, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Pre-activation a[t, d] = sum_j w[d, j] x[t - (S-1) + j, d] at rows o_t (x before 0 is 0), fp32."""
+    b_a = tl.zeros([BT, BD], dtype=tl.float32)
+    for j in tl.static_range(S):
+        o_s = o_t - (S - 1) + j
+        m = ((o_s >= 0) & (o_s < T))[:, None] & m_d[None, :]
+        b_x = tl.load(x + o_s[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+        b_a += b_x * tl.load(w + o_d * S + j, mask=m_d, other=0.0)[None, :]
+    return b_a
+
+
+@triton.jit
+def _conv_fwd_kernel(x, w, y, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """x, y [B, T, D] (contiguous), w [D, S] fp32: y = silu(conv) for one (time block, channel block, b)."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    x += i_b.to(tl.int64) * T * D
+    y += i_b.to(tl.int64) * T * D
+    o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    b_a = _conv_pre(x, w, o_t, o_d, m_d, T, D, S, BT, BD)
+    b_y = b_a * tl.sigmoid(b_a)
+    tl.store(y + o_t[:, None] * D + o_d[None, :], b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _conv_da(x, w, dy, o_t, o_d, m_d, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Gradient at the pre-activation, da = dy * silu'(a), at rows o_t (0 past the end)."""
+    b_a = _conv_pre(x, w, o_t, o_d, m_d, T, D, S, BT, BD)
+    m = (o_t < T)[:, None] & m_d[None, :]
+    b_dy = tl.load(dy + o_t[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(b_a)
+    return b_dy * sig * (1 + b_a * (1 - sig))
+
+
+@triton.jit
+def _conv_bwd_kernel(x, w, dy, dx, dwp, T, D, NT, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """dx [B, T, D] and this block's share of dw, dwp [B * NT, S, D] fp32 (summed by the caller).
+
+    x at row t feeds output row t + (S-1) - j through tap j, so dx_t = sum_j w_j da_{t+S-1-j};
+    dw_j = sum_t da_t x_{t-(S-1)+j}. The da of later rows are recomputed, not read back."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    base = i_b.to(tl.int64) * T * D
+    x, dy, dx = x + base, dy + base, dx + base
+    o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
+    m = (o_t < T)[:, None] & m_d[None, :]
+    b_dx = tl.zeros([BT, BD], dtype=tl.float32)
+    for j in tl.static_range(S):
+        b_da = _conv_da(x, w, dy, o_t + (S - 1) - j, o_d, m_d, T, D, S, BT, BD)
+        b_dx += b_da * tl.load(w + o_d * S + j, mask=m_d, other=0.0)[None, :]
+    tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
+    b_da = _conv_da(x, w, dy, o_t, o_d, m_d, T, D, S, BT, BD)  # this block's own rows
+    p_dw = dwp + (i_b * NT + i_t).to(tl.int64) * S * D
+    for j in tl.static_range(S):
+        o_s = o_t - (S - 1) + j
+        m_s = ((o_s >= 0) & (o_s < T))[:, None] & m_d[None, :]
+        b_x = tl.load(x + o_s[:, None] * D + o_d[None, :], mask=m_s, other=0.0).to(tl.float32)
+        tl.store(p_dw + j * D + o_d, tl.sum(b_da * b_x, axis=0), mask=m_d)
+
+
+_CONV_BT, _CONV_BD = 64, 64
+
+
+class _ShortConvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        B, T, D = x.shape
+        S = w.shape[1]
+        x, w32 = x.contiguous(), w.float().contiguous()
+        y = torch.empty_like(x)
+        grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, _CONV_BD), B)
+        _conv_fwd_kernel[grid](x, w32, y, T, D, S=S, BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
+        ctx.save_for_backward(x, w32)
+        ctx.w_dtype = w.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w32 = ctx.saved_tensors
+        B, T, D = x.shape
+        S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
+        dx = torch.empty_like(x)
+        dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
+        _conv_bwd_kernel[(NT, triton.cdiv(D, _CONV_BD), B)](x, w32, dy.contiguous(), dx, dwp, T, D, NT, S=S,
+                                                            BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
+        return dx, dwp.sum(0).t().to(ctx.w_dtype)
+
+
+def short_conv(x, weight):
+    """silu(causal depthwise conv1d over time) from a zero past, as mixers.ShortConv without a tail.
+
+    x [B, T, D]; weight [D, S] (tap S-1 multiplies the current token). Returns y [B, T, D] in
+    x's dtype; the sums run in fp32 with the fp32 weights.
+    """
+    assert x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2], \
+        f"x {tuple(x.shape)} must be [B,T,D] and weight {tuple(weight.shape)} [D,S]"
+    return _ShortConvFunction.apply(x, weight)
+
+
+@triton.jit
+def _lse_update(m, s, b):
+    """Running (max, sum of exp(. - max)) of a row after one more block b (masked entries -inf)."""
+    m_new = tl.maximum(m, tl.max(b, axis=0))
+    return m_new, s * tl.exp(m - m_new) + tl.sum(tl.exp(b - m_new), axis=0)
+
+
+@triton.jit
+def _distill_loss_kernel(z, t, y, inv_n, grad, ce, kl, V, ce_weight, kl_weight, temperature,
+                         KL: tl.constexpr, GRAD: tl.constexpr, BV: tl.constexpr):
+    """One row: ce[row] = lse(z) - z[y], kl[row] = T^2 sum p_t (log p_t - log softmax(z / T)),
+    grad[row] = (ce_weight d ce + kl_weight d kl) * inv_n, all 0 where y < 0. inv_n: a pointer to
+    1 / (rows that count), read on the device (no host sync)."""
+    row = tl.program_id(0).to(tl.int64)
+    z, t, grad = z + row * V, t + row * V, grad + row * V
+    target = tl.load(y + row)
+    keep = target >= 0
+    o_v = tl.arange(0, BV)
+    neg = float("-inf")
+    m_z, s_z = tl.max(tl.full([BV], neg, tl.float32), axis=0), tl.sum(tl.zeros([BV], tl.float32), axis=0)
+    m_zt, s_zt, m_t, s_t = m_z, s_z, m_z, s_z
+    for i in range(0, V, BV):  # pass 1: the log-sum-exps
+        m = i + o_v < V
+        b_z = tl.load(z + i + o_v, mask=m, other=neg).to(tl.float32)
+        m_z, s_z = _lse_update(m_z, s_z, b_z)
+        if KL:
+            m_zt, s_zt = _lse_update(m_zt, s_zt, b_z / temperature)
+            m_t, s_t = _lse_update(m_t, s_t, tl.load(t + i + o_v, mask=m, other=neg).to(tl.float32) / temperature)
+    lse_z = m_z + tl.log(s_z)
+    if KL:
+        lse_zt, lse_t = m_zt + tl.log(s_zt), m_t + tl.log(s_t)
+    scale = tl.where(keep, tl.load(inv_n), 0.0)
+    b_kl = tl.zeros([BV], dtype=tl.float32)
+    for i in range(0, V, BV):  # pass 2: the KL sum and the gradient
+        m = i + o_v < V
+        b_z = tl.load(z + i + o_v, mask=m, other=0.0).to(tl.float32)
+        b_g = ce_weight * tl.exp(b_z - lse_z) - tl.where(i + o_v == target, ce_weight, 0.0)
+        if KL:
+            b_ls = b_z / temperature - lse_zt  # log softmax(z / T)
+            b_lt = tl.load(t + i + o_v, mask=m, other=0.0).to(tl.float32) / temperature - lse_t
+            b_pt = tl.exp(b_lt)
+            b_kl += tl.where(m, b_pt * (b_lt - b_ls), 0.0)
+            b_g += kl_weight * temperature * (tl.exp(b_ls) - b_pt)
+        if GRAD:
+            tl.store(grad + i + o_v, (b_g * scale).to(grad.dtype.element_ty), mask=m)
+    z_y = tl.load(z + tl.maximum(target, 0)).to(tl.float32)
+    tl.store(ce + row, tl.where(keep, lse_z - z_y, 0.0))
+    tl.store(kl + row, tl.where(keep, tl.sum(b_kl, axis=0) * temperature * temperature, 0.0))
+
+
+_LOSS_BV = 4096
+
+
+class _DistillLossFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, t, y, ce_weight, kl_weight, temperature):
+        N, V = z.shape
+        z, y = z.contiguous(), y.contiguous()
+        n = (y >= 0).sum().clamp(min=1)
+        inv_n = 1.0 / n.float()
+        want_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(z) if want_grad else z
+        ce, kl = (torch.empty(N, device=z.device, dtype=torch.float32) for _ in range(2))
+        _distill_loss_kernel[(N,)](z, z if t is None else t.contiguous(), y, inv_n.reshape(1), grad, ce, kl, V,
+                                   float(ce_weight), float(kl_weight), float(temperature), KL=t is not None,
+                                   GRAD=want_grad, BV=min(_LOSS_BV, triton.next_power_of_2(V)), num_warps=8)
+        ctx.save_for_backward(grad if want_grad else None)
+        ce, kl = ce.sum() * inv_n, kl.sum() * inv_n
+        ctx.mark_non_differentiable(ce, kl)
+        return ce_weight * ce + kl_weight * kl, ce, kl
+
+    @staticmethod
+    def backward(ctx, dloss, dce, dkl):
+        (grad,) = ctx.saved_tensors
+        return grad * dloss.to(grad.dtype), None, None, None, None, None
+
+
+def distill_loss(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
+    """Stage 3's loss on rows of logits, fused: returns (loss, ce, kl) as distill.distill_loss.
+
+    z (student) and t (teacher, or None for cross-entropy alone) [N, V]; y [N] targets, -1 where a
+    row does not count. ce and kl are means over the rows that count (kl scaled by T^2) and come
+    detached; loss = ce_weight * ce + kl_weight * kl carries the gradient to z.
+    """
+    assert z.dim() == 2 and y.shape == z.shape[:1], f"z {tuple(z.shape)} must be [N,V], y {tuple(y.shape)} [N]"
+    assert t is None or t.shape == z.shape, f"t {tuple(t.shape)} must match z {tuple(z.shape)}"
+    return _DistillLossFunction.apply(z, t, y, ce_weight, kl_weight, temperature)
+
+
+# Norms over the last axis, with an optional gate, for rows of D <= 1024 (one block a row):
+#     y = x * r * w * act(z),   r = 1 / sqrt(c * sum(x^2) + eps)
+# RMSNorm: c = 1 / D (mixers' per-head output norm, then the SiLU or sigmoid output gate);
+# L2 normalization: c = 1, no weight (the delta rules' unit q and k). With xh = x * r and
+# dxh = dy * w * act(z) the backward is
+#     dx = r * (dxh - c * xh * sum(dxh * xh)),  dw = sum over rows of dy * act(z) * xh,
+#     dz = dy * x * r * w * act'(z)
+# Eager PyTorch runs each norm as seven to ten fp32 passes over the activations; here one.
+
+_NORM_ACTS = {None: 0, "silu": 1, "sigmoid": 2}
+
+
+@triton.jit
+def _norm_act(b_z, ACT: tl.constexpr):
+    """(act(z), act'(z)) for ACT 1 silu, 2 sigmoid."""
+    sig = tl.sigmoid(b_z)
+    if ACT == 1:
+        return b_z * sig, sig * (1 + b_z * (1 - sig))
+    return sig, sig * (1 - sig)
+
+
+@triton.jit
+def _norm_fwd_kernel(x, w, z, y, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
+                     BR: tl.constexpr, BD: tl.constexpr):
+    """x, z, y [N, D] contiguous; w [D] or unused. One program: BR rows."""
+    o_r, o_d = tl.program_id(0) * BR + tl.arange(0, BR), tl.arange(0, BD)
+    m = (o_r < N)[:, None] & (o_d < D)[None, :]
+    o = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
+    b_x = tl.load(x + o, mask=m, other=0.0).to(tl.float32)
+    b_y = b_x / tl.sqrt(c * tl.sum(b_x * b_x, axis=1) + eps)[:, None]
+    if HAS_W:
+        b_y *= tl.load(w + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
+    if ACT > 0:
+        b_a, _ = _norm_act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
+        b_y *= b_a
+    tl.store(y + o, b_y.to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
+                     BR: tl.constexpr, BD: tl.constexpr):
+    """dx, dz [N, D]; dwp [programs, D] fp32, this program's share of dw (summed by the caller)."""
+    i_p = tl.program_id(0)
+    o_r, o_d = i_p * BR + tl.arange(0, BR), tl.arange(0, BD)
+    m_d = o_d < D
+    m = (o_r < N)[:, None] & m_d[None, :]
+    o = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
+    b_x = tl.load(x + o, mask=m, other=0.0).to(tl.float32)
+    b_dy = tl.load(dy + o, mask=m, other=0.0).to(tl.float32)
+    b_r = 1 / tl.sqrt(c * tl.sum(b_x * b_x, axis=1) + eps)  # [BR]
+    b_xh = b_x * b_r[:, None]
+    if ACT > 0:  # the gate's gradient, then the gradient through it
+        b_a, b_da = _norm_act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
+        b_yn = b_xh
+        if HAS_W:
+            b_yn *= tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        tl.store(dz + o, (b_dy * b_yn * b_da).to(dz.dtype.element_ty), mask=m)
+        b_dy *= b_a
+    b_dxh = b_dy
+    if HAS_W:
+        tl.store(dwp + i_p.to(tl.int64) * D + o_d, tl.sum(b_dy * b_xh, axis=0), mask=m_d)
+        b_dxh *= tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    b_dx = b_r[:, None] * (b_dxh - c * b_xh * tl.sum(b_dxh * b_xh, axis=1)[:, None])
+    tl.store(dx + o, b_dx.to(dx.dtype.element_ty), mask=m)
+
+
+def _norm_rows(D):
+    """Rows per program: about 4096 elements a block."""
+    BD = triton.next_power_of_2(D)
+    return max(1, 4096 // BD), BD
+
+
+class _NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, z, c, eps, act):
+        shape, D = x.shape, x.shape[-1]
+        x = x.reshape(-1, D).contiguous()
+        z = None if z is None else z.reshape(-1, D).contiguous()
+        N = x.shape[0]
+        BR, BD = _norm_rows(D)
+        y = torch.empty_like(x)
+        _norm_fwd_kernel[(triton.cdiv(N, BR),)](x, x if w is None else w, x if z is None else z, y, N, D, c, eps,
+                                                HAS_W=w is not None, ACT=_NORM_ACTS[act], BR=BR, BD=BD, num_warps=4)
+        ctx.save_for_backward(x, w, z)
+        ctx.c, ctx.eps, ctx.act, ctx.shape = c, eps, act, shape
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, z = ctx.saved_tensors
+        N, D = x.shape
+        BR, BD = _norm_rows(D)
+        grid = triton.cdiv(N, BR)
+        dx = torch.empty_like(x)
+        dz = None if z is None else torch.empty_like(z)
+        dwp = None if w is None else torch.empty(grid, D, device=x.device, dtype=torch.float32)
+        _norm_bwd_kernel[(grid,)](x, x if w is None else w, x if z is None else z, dy.reshape(-1, D).contiguous(),
+                                  dx, x if dwp is None else dwp, x if dz is None else dz, N, D, ctx.c, ctx.eps,
+                                  HAS_W=w is not None, ACT=_NORM_ACTS[ctx.act], BR=BR, BD=BD, num_warps=4)
+        dw = None if w is None else dwp.sum(0).to(w.dtype)
+        dz = None if z is None else dz.view(ctx.shape)
+        return dx.view(ctx.shape), dw, dz, None, None, None
+
+
+def rms_norm_gate(x, weight, z=None, act=None, eps=1e-5):
+    """RMSNorm over the last axis (fp32 inside), times an optional gate act(z), act "silu" or
+    "sigmoid": y = x / sqrt(mean(x^2) + eps) * weight * act(z), in x's dtype. x, z [..., D]."""
+    assert act in _NORM_ACTS and (z is None) == (act is None), "a gate z needs act 'silu' or 'sigmoid'"
+    return _NormFunction.apply(x, weight, z, 1.0 / x.shape[-1], eps, act)
+
+
+def l2_normalize(x, eps=1e-24):
+    """x / sqrt(|x|^2 + eps) over the last axis (fp32 inside), in x's dtype: F.normalize(x, dim=-1),
+    whose floor on |x| is 1e-12 = sqrt(eps), wherever |x| is not near that floor."""
+    return _NormFunction.apply(x, None, None, 1.0, eps, None)

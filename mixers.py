@@ -20,7 +20,8 @@ Inside, in reading order:
 One layout everywhere: q, k [B, T, H, Dk], v [B, T, H, Dv], state [B, H, Dk, Dv] in fp32, and
 every function returns (output, final_state). A log decay g <= 0 comes as None (no decay), [H]
 (constant per head), [B, T, H] (per head and token) or [B, T, H, Dk] (per key channel).
-Two switches: USE_KERNELS (off with env LINEARIZE_KERNELS=0) sends CUDA tensors to kernels.py;
+Two switches: USE_KERNELS (off with env LINEARIZE_KERNELS=0) sends CUDA tensors to kernels.py
+(the recurrences, the short conv, and distill.py's stage-3 loss);
 NAIVE makes the layers run the textbook recurrences of section 1 instead of the chunked form.
 
 References:
@@ -64,12 +65,17 @@ def _kernel(name, x):
     The kernel gets q, k and v in one dtype: autocast's while autocast is on, else x's. Under CUDA
     autocast, F.normalize and exp return fp32, and fp32 operands would send the kernels to exact
     fp32 products, many times slower than bf16 ones. Gates, beta and states pass as they are."""
-    if not (USE_KERNELS and x.is_cuda):
+    if not _on_kernels(x):
         return None
     import kernels
 
     fn = getattr(kernels, name, None)
     return None if fn is None else _one_dtype(fn, x)
+
+
+def _on_kernels(x):
+    """True when work on x goes to kernels.py: x on CUDA and USE_KERNELS on."""
+    return USE_KERNELS and x.is_cuda
 
 
 def _one_dtype(fn, x):
@@ -447,6 +453,13 @@ class ShortConv(nn.Module):
 
     def forward(self, x, tail=None):  # x [B, T, dim], tail [B, size-1, dim] -> y [B, T, dim], tail
         size = self.weight.shape[1]
+        if tail is None and _on_kernels(x):  # from a zero past: training, prefill
+            import kernels
+
+            y = kernels.short_conv(x, self.weight)
+            if x.shape[1] < size - 1:
+                x = F.pad(x, (0, 0, size - 1 - x.shape[1], 0))
+            return y, x[:, x.shape[1] - (size - 1) :]
         if tail is None:
             tail = x.new_zeros(x.shape[0], size - 1, x.shape[2])
         x = torch.cat([tail.to(x.dtype), x], 1)  # [B, size-1+T, dim]
@@ -520,12 +533,18 @@ class MixerLayer(nn.Module):
         o, state = self.mix(x, q, k, v, rope, state, step=cache is not None and T == 1)  # [B, T, H, D]
         if cache is not None:
             cache["state"] = state
-        if self.out_norm:
-            o = self.o_norm(o)
-        if self.out_gate == "silu":
-            o = o * F.silu(self.g_proj(x)).view_as(o)
-        elif self.out_gate == "sigmoid":
-            o = o * torch.sigmoid(self.g_proj(x)).view_as(o)
+        if self.out_norm == "rms" and _on_kernels(o):  # norm and gate in one kernel
+            import kernels
+
+            z = None if self.out_gate is None else self.g_proj(x).view_as(o)
+            o = kernels.rms_norm_gate(o, self.o_norm.weight, z, self.out_gate, self.o_norm.eps)
+        else:
+            if self.out_norm:
+                o = self.o_norm(o)
+            if self.out_gate == "silu":
+                o = o * F.silu(self.g_proj(x)).view_as(o)
+            elif self.out_gate == "sigmoid":
+                o = o * torch.sigmoid(self.g_proj(x)).view_as(o)
         return self.o_proj(o.reshape(B, T, H * D))
 
     @torch.no_grad()
@@ -637,7 +656,12 @@ class DeltaNet(MixerLayer):
 
     def qk_beta(self, x, q, k):
         # unit keys keep every write a contraction (beta |k|^2 <= 1)
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), torch.sigmoid(self.b_proj(x))  # beta [B, T, H]
+        beta = torch.sigmoid(self.b_proj(x))  # [B, T, H]
+        if _on_kernels(q):  # one kernel each, in q's dtype
+            import kernels
+
+            return kernels.l2_normalize(q), kernels.l2_normalize(k), beta
+        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), beta
 
     def mix(self, x, q, k, v, rope, state, step):
         q, k, beta = self.qk_beta(x, q, k)

@@ -334,7 +334,9 @@ class Profile:
             ops = self.prof.key_averages()
             if self.cuda:  # the kernels (and copies) themselves: ops carry their kernels' time too
                 key = "self_device_time_total"
-                busy = sum(e.self_device_time_total for e in ops if e.device_type == torch.autograd.DeviceType.CUDA)
+                # (not the step markers, which the profiler also puts on the device's timeline)
+                busy = sum(e.self_device_time_total for e in ops if e.device_type == torch.autograd.DeviceType.CUDA
+                           and not e.is_user_annotation and not e.key.startswith("ProfilerStep"))
             else:  # ops' own time; ProfilerStep's own time is the Python between ops
                 key = "self_cpu_time_total"
                 busy = sum(e.self_cpu_time_total for e in ops if not e.key.startswith("ProfilerStep"))

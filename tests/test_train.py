@@ -154,6 +154,28 @@ def test_kl_is_a_mean_per_token():
     assert distill.kl_per_token(t, s, temperature=2.0).item() == pytest.approx(hot.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_distill_loss_gives_ce_plus_kl_and_their_gradients_block_by_block(temperature, monkeypatch):
+    # the closed-form gradient of distill_loss against autograd through cross_entropy and
+    # kl_per_token, with rows that do not count, in blocks of rows that do not divide N
+    monkeypatch.setattr(distill._DistillLoss, "ROWS", 4)
+    torch.manual_seed(0)
+    t, tgt = torch.randn(2, 9, 11), torch.randint(0, 11, (2, 9))
+    tgt[0, :3] = -1
+    s = torch.randn(2, 9, 11, requires_grad=True)
+    loss, ce, kl = distill.distill_loss(s, t, tgt, 0.7, 1.3, temperature)
+    ce_ref = distill.cross_entropy(s, tgt)
+    kl_ref = distill.kl_per_token(t, s, temperature, mask=tgt >= 0)
+    ref = 0.7 * ce_ref + 1.3 * kl_ref
+    assert ce.item() == pytest.approx(ce_ref.item(), rel=1e-5) and kl.item() == pytest.approx(kl_ref.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5) and not ce.requires_grad
+    g, g_ref = torch.autograd.grad(2 * loss, s)[0], torch.autograd.grad(2 * ref, s)[0]
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-7)
+    assert g[0, :3].abs().max() == 0  # rows without a target get no gradient
+    ce_only, _, zero = distill.distill_loss(s, None, tgt)  # no teacher: cross-entropy alone
+    assert ce_only.item() == pytest.approx(ce_ref.item(), rel=1e-5) and zero.item() == 0
+
+
 def test_stage3_loss_is_ce_plus_kl_and_zero_kl_for_a_copy_of_the_teacher():
     teacher = tiny_teacher()
     idx, tgt = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))

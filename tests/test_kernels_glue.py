@@ -1,0 +1,181 @@
+"""The fused training glue of kernels.py section 5: short_conv and distill_loss.
+
+short_conv against mixers.ShortConv's PyTorch form (F.conv1d, then SiLU) in fp64: output and the
+gradients of x and the weights. distill_loss against autograd through distill.cross_entropy and
+distill.kl_per_token: loss, its parts and the gradient of the student's logits. On the CPU the
+kernels run in Triton's interpreter, in fp32, at shapes that cut blocks; on a GPU in bf16 at
+training shapes.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+pytest.importorskip("triton")
+import distill  # noqa: E402
+import kernels  # noqa: E402
+import mixers  # noqa: E402
+
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def conv_reference(x, w):
+    """mixers.ShortConv's PyTorch path in fp64: y and the gradients of (x, w) for a fixed dy."""
+    conv = mixers.ShortConv(*w.shape).double()
+    with torch.no_grad():
+        conv.weight.copy_(w)
+    xd = x.detach().double().requires_grad_()
+    y, _ = conv(xd)
+    dy = torch.randn_like(y, generator=torch.Generator().manual_seed(1))
+    return y, dy, torch.autograd.grad(y, (xd, conv.weight), dy)
+
+
+def conv_kernel(x, w, dy):
+    x, w = x.detach().requires_grad_(), w.detach().float().requires_grad_()
+    y = kernels.short_conv(x, w)
+    return y, torch.autograd.grad(y, (x, w), dy.to(y.dtype))
+
+
+@pytest.mark.parametrize("B,T,D,S", [(2, 70, 80, 4), (1, 2, 5, 4), (1, 64, 64, 3)])
+def test_short_conv_matches_pytorch(B, T, D, S):
+    # T = 70 and D = 80 cut a time block and a channel block; T = 2 < S - 1 starts inside the padding
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(B, T, D, generator=gen), torch.randn(D, S, generator=gen)
+    y_ref, dy, (dx_ref, dw_ref) = conv_reference(x, w)
+    y, (dx, dw) = conv_kernel(x, w, dy)
+    assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-6 and rel(dw, dw_ref) < 1e-6
+
+
+def test_short_conv_layer_keeps_the_tail_for_decoding(monkeypatch):
+    # the kernel path of ShortConv (taken on CUDA) returns the same tail as the PyTorch path
+    conv = mixers.ShortConv(6, 4)
+    with torch.no_grad():
+        conv.weight.normal_()
+    for T in (2, 9):
+        x = torch.randn(1, T, 6)
+        monkeypatch.setattr(mixers, "_on_kernels", lambda x: True)
+        y, tail = conv(x)
+        monkeypatch.setattr(mixers, "_on_kernels", lambda x: False)
+        y_ref, tail_ref = conv(x)
+        torch.testing.assert_close(y, y_ref)
+        torch.testing.assert_close(tail, tail_ref, rtol=0, atol=0)
+
+
+def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
+    zd = z.detach().double().requires_grad_()
+    ce = distill.cross_entropy(zd.double()[None], y[None])
+    kl = distill.kl_per_token(t.double()[None], zd[None], temperature, mask=y[None] >= 0) if t is not None else 0
+    loss = ce_weight * ce + kl_weight * kl
+    return loss, ce, kl, torch.autograd.grad(loss, zd)[0]
+
+
+def loss_kernel(z, t, y, *weights):
+    z = z.detach().requires_grad_()
+    loss, ce, kl = kernels.distill_loss(z, t, y, *weights)
+    return loss, ce, kl, torch.autograd.grad(loss, z)[0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+@pytest.mark.parametrize("V", [37, 5000])  # 5000: a second block of the vocabulary, cut
+def test_distill_loss_matches_ce_plus_kl(V, temperature):
+    gen = torch.Generator().manual_seed(0)
+    z, t = 3 * torch.randn(12, V, generator=gen), 3 * torch.randn(12, V, generator=gen)
+    y = torch.randint(0, V, (12,), generator=gen)
+    y[:3] = -1  # rows that do not count
+    loss_r, ce_r, kl_r, g_r = loss_reference(z, t, y, 0.7, 1.3, temperature)
+    loss, ce, kl, g = loss_kernel(z, t, y, 0.7, 1.3, temperature)
+    assert abs(loss.item() - loss_r.item()) < 1e-5 * loss_r.item()
+    assert abs(ce.item() - ce_r.item()) < 1e-5 * ce_r.item() and abs(kl.item() - kl_r.item()) < 1e-5 * kl_r.item()
+    assert rel(g, g_r) < 1e-5 and g[:3].abs().max() == 0
+    loss, ce, kl, g = loss_kernel(z, None, y)  # cross-entropy alone
+    loss_r, ce_r, _, g_r = loss_reference(z, None, y, 1.0, 0.0, 1.0)
+    assert abs(loss.item() - ce_r.item()) < 1e-5 * ce_r.item() and kl.item() == 0 and rel(g, g_r) < 1e-5
+
+
+@gpu
+def test_short_conv_bf16_on_gpu():
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 2048, 1728, generator=gen), torch.randn(1728, 4, generator=gen) / 2
+    y_ref, dy, (dx_ref, dw_ref) = conv_reference(x, w)
+    y, (dx, dw) = conv_kernel(x.cuda().bfloat16(), w.cuda(), dy.cuda())
+    # bf16 storage of x, y, dx: about 2^-9 relative per element
+    assert rel(y.cpu(), y_ref) < 1e-2 and rel(dx.cpu(), dx_ref) < 1e-2 and rel(dw.cpu(), dw_ref) < 1e-2
+
+
+@gpu
+def test_distill_loss_bf16_on_gpu():
+    gen = torch.Generator().manual_seed(0)
+    z, t = 3 * torch.randn(2048, 49152, generator=gen), 3 * torch.randn(2048, 49152, generator=gen)
+    z, t = z.bfloat16().float(), t.bfloat16().float()  # the values bf16 logits can hold
+    y = torch.randint(0, 49152, (2048,), generator=gen)
+    y[:100] = -1
+    loss_r, ce_r, kl_r, g_r = loss_reference(z, t, y, 1.0, 1.0, 1.0)
+    loss, ce, kl, g = loss_kernel(z.cuda().bfloat16(), t.cuda().bfloat16(), y.cuda(), 1.0, 1.0, 1.0)
+    assert abs(ce.item() - ce_r.item()) < 1e-4 * ce_r.item() and abs(kl.item() - kl_r.item()) < 1e-4 * kl_r.item()
+    assert rel(g.cpu(), g_r) < 1e-2  # the gradient is stored in bf16
+
+
+@pytest.mark.parametrize("act", [None, "silu", "sigmoid"])
+@pytest.mark.parametrize("N,D", [(37, 64), (5, 576)])  # 576: a row that is not a power of two
+def test_rms_norm_gate_matches_pytorch(N, D, act):
+    import model
+
+    gen = torch.Generator().manual_seed(0)
+    x, z, dy = (torch.randn(N, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    norm = model.RMSNorm(D, 1e-5).double()
+    with torch.no_grad():
+        norm.weight.normal_(generator=gen)
+    xr, zr = x.clone().requires_grad_(), z.clone().requires_grad_()
+    y_ref = norm(xr) * {None: lambda a: 1, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid}[act](zr)
+    refs = torch.autograd.grad(y_ref, (xr, norm.weight) + ((zr,) if act else ()), dy)
+    xk, zk = x.float().requires_grad_(), z.float().requires_grad_()
+    w = norm.weight.detach().float().requires_grad_()
+    y = kernels.rms_norm_gate(xk, w, zk if act else None, act)
+    grads = torch.autograd.grad(y, (xk, w) + ((zk,) if act else ()), dy.float())
+    assert rel(y, y_ref) < 1e-6 and all(rel(g, r) < 1e-5 for g, r in zip(grads, refs))
+
+
+def test_l2_normalize_matches_f_normalize():
+    gen = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(2, 7, 3, 64, generator=gen), torch.randn(2, 7, 3, 64, generator=gen)
+    x[0, 0, 0] = 0  # a zero row stays zero
+    xr = x.double().requires_grad_()
+    y_ref = torch.nn.functional.normalize(xr, dim=-1)
+    (dx_ref,) = torch.autograd.grad(y_ref, xr, dy.double())
+    xk = x.clone().requires_grad_()
+    y = kernels.l2_normalize(xk)
+    (dx,) = torch.autograd.grad(y, xk, dy)
+    assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-5 and y[0, 0, 0].abs().max() == 0
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet"])
+def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
+    # every kernel a layer calls on a GPU (recurrence, short conv, norms), here in the interpreter,
+    # against the same layer on the PyTorch path: output and all parameter gradients
+    import model
+
+    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
+                       mixer=mixer)
+    torch.manual_seed(0)
+    layer = mixers.build_mixer(cfg, 0)
+    with torch.no_grad():
+        layer.conv.weight.normal_(0, 0.5)
+    x = torch.randn(2, 21, 32)
+    rope = model.rope_cos_sin(torch.arange(21), cfg.head_dim, cfg.rope_theta)
+    out = {}
+    for on in (True, False):
+        monkeypatch.setattr(mixers, "_on_kernels", lambda t, on=on: on)
+        layer.zero_grad()
+        y = layer(x, rope)
+        y.square().sum().backward()
+        out[on] = [y.detach()] + [p.grad.clone() for p in layer.parameters()]
+    assert all(rel(a, b) < 1e-4 for a, b in zip(out[True], out[False]))
