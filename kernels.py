@@ -196,6 +196,7 @@ def _add_fwd_out_kernel(q, k, v, g, hs, o, scale, T, NT,
     O = scale * [ exp(G) * (Q h_c) + (mask * exp(G_i - G_j) * (Q K^T)) V ]
     One program per (value block, chunk, batch*head); the key width is looped over.
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_i = tl.arange(0, BT)
@@ -239,6 +240,7 @@ def _add_fwd_out_channel_kernel(q, k, v, g, hs, o, scale, T, Tp, NT,
     The state term, then one dot per earlier sub-chunk J against a reference row r (first
     row of I), then the diagonal sub-chunk exactly, key row by key row.
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_t, i_i = i_tc // (BT // BC), i_tc % (BT // BC)  # chunk, row sub-chunk I
     i_b, i_h = i_bh // H, i_bh % H
@@ -296,6 +298,7 @@ def _add_bwd_state_kernel(q, g, do, dht, dhs, dh0, scale, T, Tp, NT,
     dhs[b, h, c] = dL/dh_{c+1} (inputs' dtype); dh0 = dL/dh_0 in fp32.
     dh_c = exp(G_L) * dh_{c+1} + (scale Q * exp(G))^T dO
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
@@ -345,6 +348,7 @@ def _add_bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
     dV = exp(G_L - G) * (K dh_{c+1}) + (scale * mask * exp(G_i - G_j) * (QK^T))^T dO,
     with the transposed scores built directly as A^T = K Q^T.
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_i = tl.arange(0, BT)
@@ -387,6 +391,7 @@ def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
     dg [NK, B, T, H] holds this key block's share of the gate gradient; the wrapper sums
     the NK shares (one when K fits one block).
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_i = tl.arange(0, BT)
@@ -449,6 +454,7 @@ def _add_bwd_dv_channel_kernel(q, k, g, do, dhs, dv, scale, T, Tp, NT,
     The state-gradient term, one dot per later sub-chunk J (reference row r = first row
     of J), then the diagonal exactly.
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_t, i_i = i_tc // (BT // BC), i_tc % (BT // BC)  # chunk, key sub-chunk I
     i_b, i_h = i_bh // H, i_bh % H
@@ -509,6 +515,7 @@ def _add_bwd_dqk_channel_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, T
     because the scores' gradient dO V^T needs every value channel. dG (fp32) becomes dg
     in _add_channel_dg_kernel, which adds the reverse cumulative sum over the chunk.
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_t, i_i = i_tc // (BT // BC), i_tc % (BT // BC)  # chunk, row sub-chunk I
     i_b, i_h = i_bh // H, i_bh % H
@@ -922,6 +929,7 @@ def _delta_cumsum_kernel(x, y, T_in, T_out, H: tl.constexpr, K: tl.constexpr, BT
 @triton.jit
 def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
                       BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # per chunk: A = strict_tril(beta_i k_i.k_j decayed), P = tril(scale q_i.k_j decayed)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -1125,6 +1133,7 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
 def _delta_fwd_o_kernel(q, vn, gc, h, P, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         MODE: tl.constexpr, DOT: tl.constexpr):
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # O = scale (Q * exp(G)) h + P Vnew, chunks in parallel
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -1157,6 +1166,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
                          K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                          BV: tl.constexpr, MODE: tl.constexpr, USE_DHT: tl.constexpr,
                          STORE_DH0: tl.constexpr, DOT: tl.constexpr):
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # reverse walk over chunks; dh is the gradient of the state at the END of the chunk:
     #   dVnew = P^T dO + (K * exp(G_last - G)) dh
     #   dh_prev = exp(G_last) dh + scale (Q * exp(G))^T dO - W^T dVnew
@@ -1212,6 +1222,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
 def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv, db, dG, dP, dA,
                            scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # per chunk, everything except the in-chunk pairwise (q_i, k_j) and (k_i, k_j) terms:
     # those leave as dP (gradient of P) and dA (gradient of A) for _delta_bwd_intra_kernel
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -1581,6 +1592,7 @@ def _step_kernel(q, k, v, beta, g, h0, o, ht, scale, H: tl.constexpr, K: tl.cons
 
     q, k [B, 1, H, K], v and o [B, 1, H, V] (contiguous, so row b*H + h), states [B, H, K, V] fp32.
     """
+    scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_h = i_bh % H
     o_k = tl.arange(0, BK)
@@ -1669,10 +1681,10 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #
 #   short_conv    y = silu(causal depthwise conv over time), the short conv in front of every
 #                 mixer (mixers.ShortConv). cuDNN's depthwise conv and its backward, plus the
-#                 padding, transposes and SiLU around it, cost about four times the delta rule's
+#                 padding, transposes and SiLU around it, cost about as much as the delta rule's
 #                 own kernels at (B, T) = (8, 2048). Here: one kernel reads x once and writes y;
-#                 one backward kernel recomputes the pre-activation (S taps, from cache) and
-#                 writes dx and per-block partial sums of dw.
+#                 backward, one kernel recomputes the pre-activation and writes its gradient da,
+#                 a second writes dx and per-block partial sums of dw from da and x.
 #   distill_loss  ce_weight * CE(z, y) + kl_weight * T^2 KL(softmax(t / T) || softmax(z / T))
 #                 per row of logits z (student) and t (teacher), [N, V]. One program per row
 #                 reads the row twice (a pass for the log-sum-exps, a pass for the loss and
@@ -1707,39 +1719,44 @@ def _conv_fwd_kernel(x, w, y, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.co
 
 
 @triton.jit
-def _conv_da(x, w, dy, o_t, o_d, m_d, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Gradient at the pre-activation, da = dy * silu'(a), at rows o_t (0 past the end)."""
-    b_a = _conv_pre(x, w, o_t, o_d, m_d, T, D, S, BT, BD)
-    m = (o_t < T)[:, None] & m_d[None, :]
-    b_dy = tl.load(dy + o_t[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-    sig = tl.sigmoid(b_a)
-    return b_dy * sig * (1 + b_a * (1 - sig))
-
-
-@triton.jit
-def _conv_bwd_kernel(x, w, dy, dx, dwp, T, D, NT, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """dx [B, T, D] and this block's share of dw, dwp [B * NT, S, D] fp32 (summed by the caller).
-
-    x at row t feeds output row t + (S-1) - j through tap j, so dx_t = sum_j w_j da_{t+S-1-j};
-    dw_j = sum_t da_t x_{t-(S-1)+j}. The da of later rows are recomputed, not read back."""
+def _conv_da_kernel(x, w, dy, da, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """The gradient at the pre-activation, da = dy * silu'(a), a recomputed: [B, T, D] like dy."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     base = i_b.to(tl.int64) * T * D
-    x, dy, dx = x + base, dy + base, dx + base
     o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     m = (o_t < T)[:, None] & m_d[None, :]
+    b_a = _conv_pre(x + base, w, o_t, o_d, m_d, T, D, S, BT, BD)
+    b_dy = tl.load(dy + base + o_t[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(b_a)
+    tl.store(da + base + o_t[:, None] * D + o_d[None, :], (b_dy * sig * (1 + b_a * (1 - sig))).to(da.dtype.element_ty),
+             mask=m)
+
+
+@triton.jit
+def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, NT, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """dx [B, T, D] and this block's share of dw, dwp [B * NT, S, D] fp32 (summed by the caller).
+
+    x at row t feeds output row t + (S-1) - j through tap j, so dx_t = sum_j w_j da_{t+S-1-j};
+    dw_j = sum_t da_t x_{t-(S-1)+j}."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    base = i_b.to(tl.int64) * T * D
+    x, da, dx = x + base, da + base, dx + base
+    o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
+    m_d = o_d < D
     b_dx = tl.zeros([BT, BD], dtype=tl.float32)
-    for j in tl.static_range(S):
-        b_da = _conv_da(x, w, dy, o_t + (S - 1) - j, o_d, m_d, T, D, S, BT, BD)
-        b_dx += b_da * tl.load(w + o_d * S + j, mask=m_d, other=0.0)[None, :]
-    tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=m)
-    b_da = _conv_da(x, w, dy, o_t, o_d, m_d, T, D, S, BT, BD)  # this block's own rows
     p_dw = dwp + (i_b * NT + i_t).to(tl.int64) * S * D
+    b_da = tl.load(da + o_t[:, None] * D + o_d[None, :], mask=(o_t < T)[:, None] & m_d[None, :], other=0.0)
     for j in tl.static_range(S):
-        o_s = o_t - (S - 1) + j
+        b_w = tl.load(w + o_d * S + j, mask=m_d, other=0.0)
+        o_s = o_t + (S - 1) - j  # the output rows that read this block's x through tap j
+        m_s = (o_s < T)[:, None] & m_d[None, :]
+        b_dx += tl.load(da + o_s[:, None] * D + o_d[None, :], mask=m_s, other=0.0).to(tl.float32) * b_w[None, :]
+        o_s = o_t - (S - 1) + j  # the x rows this block's outputs read through tap j
         m_s = ((o_s >= 0) & (o_s < T))[:, None] & m_d[None, :]
         b_x = tl.load(x + o_s[:, None] * D + o_d[None, :], mask=m_s, other=0.0).to(tl.float32)
-        tl.store(p_dw + j * D + o_d, tl.sum(b_da * b_x, axis=0), mask=m_d)
+        tl.store(p_dw + j * D + o_d, tl.sum(b_da.to(tl.float32) * b_x, axis=0), mask=m_d)
+    tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
 _CONV_BT, _CONV_BD = 64, 64
@@ -1763,10 +1780,12 @@ class _ShortConvFunction(torch.autograd.Function):
         x, w32 = ctx.saved_tensors
         B, T, D = x.shape
         S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
-        dx = torch.empty_like(x)
+        grid = (NT, triton.cdiv(D, _CONV_BD), B)
+        dy = dy.contiguous()
+        da, dx = torch.empty_like(dy), torch.empty_like(x)
         dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
-        _conv_bwd_kernel[(NT, triton.cdiv(D, _CONV_BD), B)](x, w32, dy.contiguous(), dx, dwp, T, D, NT, S=S,
-                                                            BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
+        _conv_da_kernel[grid](x, w32, dy, da, T, D, S=S, BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
+        _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, NT, S=S, BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
         return dx, dwp.sum(0).t().to(ctx.w_dtype)
 
 
@@ -1796,6 +1815,9 @@ def _distill_loss_kernel(z, t, y, inv_n, grad, ce, kl, V, ce_weight, kl_weight, 
     1 / (rows that count), read on the device (no host sync)."""
     row = tl.program_id(0).to(tl.int64)
     z, t, grad = z + row * V, t + row * V, grad + row * V
+    # float arguments arrive as fp64 when torch.compile launches the kernel: fp32 math throughout
+    ce_weight, kl_weight = tl.cast(ce_weight, tl.float32), tl.cast(kl_weight, tl.float32)
+    temperature = tl.cast(temperature, tl.float32)
     target = tl.load(y + row)
     keep = target >= 0
     o_v = tl.arange(0, BV)
@@ -1895,6 +1917,7 @@ def _norm_act(b_z, ACT: tl.constexpr):
 def _norm_fwd_kernel(x, w, z, y, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
                      BR: tl.constexpr, BD: tl.constexpr):
     """x, z, y [N, D] contiguous; w [D] or unused. One program: BR rows."""
+    c, eps = tl.cast(c, tl.float32), tl.cast(eps, tl.float32)  # fp64 under torch.compile
     o_r, o_d = tl.program_id(0) * BR + tl.arange(0, BR), tl.arange(0, BD)
     m = (o_r < N)[:, None] & (o_d < D)[None, :]
     o = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
@@ -1912,6 +1935,7 @@ def _norm_fwd_kernel(x, w, z, y, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.cons
 def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
                      BR: tl.constexpr, BD: tl.constexpr):
     """dx, dz [N, D]; dwp [programs, D] fp32, this program's share of dw (summed by the caller)."""
+    c, eps = tl.cast(c, tl.float32), tl.cast(eps, tl.float32)  # fp64 under torch.compile
     i_p = tl.program_id(0)
     o_r, o_d = i_p * BR + tl.arange(0, BR), tl.arange(0, BD)
     m_d = o_d < D

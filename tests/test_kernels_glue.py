@@ -21,6 +21,7 @@ import kernels  # noqa: E402
 import mixers  # noqa: E402
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEV = "cuda" if CUDA else "cpu"  # the small fp32 tests run compiled there, in the interpreter here
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
@@ -40,9 +41,9 @@ def conv_reference(x, w):
 
 
 def conv_kernel(x, w, dy):
-    x, w = x.detach().requires_grad_(), w.detach().float().requires_grad_()
+    x, w = x.detach().to(DEV).requires_grad_(), w.detach().float().to(DEV).requires_grad_()
     y = kernels.short_conv(x, w)
-    return y, torch.autograd.grad(y, (x, w), dy.to(y.dtype))
+    return y.cpu(), [g.cpu() for g in torch.autograd.grad(y, (x, w), dy.to(DEV, y.dtype))]
 
 
 @pytest.mark.parametrize("B,T,D,S", [(2, 70, 80, 4), (1, 2, 5, 4), (1, 64, 64, 3)])
@@ -57,11 +58,11 @@ def test_short_conv_matches_pytorch(B, T, D, S):
 
 def test_short_conv_layer_keeps_the_tail_for_decoding(monkeypatch):
     # the kernel path of ShortConv (taken on CUDA) returns the same tail as the PyTorch path
-    conv = mixers.ShortConv(6, 4)
+    conv = mixers.ShortConv(6, 4).to(DEV)
     with torch.no_grad():
         conv.weight.normal_()
     for T in (2, 9):
-        x = torch.randn(1, T, 6)
+        x = torch.randn(1, T, 6, device=DEV)
         monkeypatch.setattr(mixers, "_on_kernels", lambda x: True)
         y, tail = conv(x)
         monkeypatch.setattr(mixers, "_on_kernels", lambda x: False)
@@ -79,9 +80,9 @@ def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
 
 
 def loss_kernel(z, t, y, *weights):
-    z = z.detach().requires_grad_()
-    loss, ce, kl = kernels.distill_loss(z, t, y, *weights)
-    return loss, ce, kl, torch.autograd.grad(loss, z)[0]
+    z = z.detach().to(DEV).requires_grad_()
+    loss, ce, kl = kernels.distill_loss(z, None if t is None else t.to(DEV), y.to(DEV), *weights)
+    return loss.cpu(), ce.cpu(), kl.cpu(), torch.autograd.grad(loss, z)[0].cpu()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
@@ -106,9 +107,9 @@ def test_short_conv_bf16_on_gpu():
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(4, 2048, 1728, generator=gen), torch.randn(1728, 4, generator=gen) / 2
     y_ref, dy, (dx_ref, dw_ref) = conv_reference(x, w)
-    y, (dx, dw) = conv_kernel(x.cuda().bfloat16(), w.cuda(), dy.cuda())
+    y, (dx, dw) = conv_kernel(x.bfloat16(), w, dy)
     # bf16 storage of x, y, dx: about 2^-9 relative per element
-    assert rel(y.cpu(), y_ref) < 1e-2 and rel(dx.cpu(), dx_ref) < 1e-2 and rel(dw.cpu(), dw_ref) < 1e-2
+    assert rel(y, y_ref) < 1e-2 and rel(dx, dx_ref) < 1e-2 and rel(dw, dw_ref) < 1e-2
 
 
 @gpu
@@ -119,9 +120,9 @@ def test_distill_loss_bf16_on_gpu():
     y = torch.randint(0, 49152, (2048,), generator=gen)
     y[:100] = -1
     loss_r, ce_r, kl_r, g_r = loss_reference(z, t, y, 1.0, 1.0, 1.0)
-    loss, ce, kl, g = loss_kernel(z.cuda().bfloat16(), t.cuda().bfloat16(), y.cuda(), 1.0, 1.0, 1.0)
+    loss, ce, kl, g = loss_kernel(z.bfloat16(), t.bfloat16(), y, 1.0, 1.0, 1.0)
     assert abs(ce.item() - ce_r.item()) < 1e-4 * ce_r.item() and abs(kl.item() - kl_r.item()) < 1e-4 * kl_r.item()
-    assert rel(g.cpu(), g_r) < 1e-2  # the gradient is stored in bf16
+    assert rel(g, g_r) < 1e-2  # the gradient is stored in bf16
 
 
 @pytest.mark.parametrize("act", [None, "silu", "sigmoid"])
@@ -137,10 +138,11 @@ def test_rms_norm_gate_matches_pytorch(N, D, act):
     xr, zr = x.clone().requires_grad_(), z.clone().requires_grad_()
     y_ref = norm(xr) * {None: lambda a: 1, "silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid}[act](zr)
     refs = torch.autograd.grad(y_ref, (xr, norm.weight) + ((zr,) if act else ()), dy)
-    xk, zk = x.float().requires_grad_(), z.float().requires_grad_()
-    w = norm.weight.detach().float().requires_grad_()
+    xk, zk = x.float().to(DEV).requires_grad_(), z.float().to(DEV).requires_grad_()
+    w = norm.weight.detach().float().to(DEV).requires_grad_()
     y = kernels.rms_norm_gate(xk, w, zk if act else None, act)
-    grads = torch.autograd.grad(y, (xk, w) + ((zk,) if act else ()), dy.float())
+    grads = torch.autograd.grad(y, (xk, w) + ((zk,) if act else ()), dy.float().to(DEV))
+    y, grads = y.cpu(), [g.cpu() for g in grads]
     assert rel(y, y_ref) < 1e-6 and all(rel(g, r) < 1e-5 for g, r in zip(grads, refs))
 
 
@@ -151,9 +153,10 @@ def test_l2_normalize_matches_f_normalize():
     xr = x.double().requires_grad_()
     y_ref = torch.nn.functional.normalize(xr, dim=-1)
     (dx_ref,) = torch.autograd.grad(y_ref, xr, dy.double())
-    xk = x.clone().requires_grad_()
+    xk = x.to(DEV).requires_grad_()
     y = kernels.l2_normalize(xk)
-    (dx,) = torch.autograd.grad(y, xk, dy)
+    (dx,) = torch.autograd.grad(y, xk, dy.to(DEV))
+    y, dx = y.cpu(), dx.cpu()
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-5 and y[0, 0, 0].abs().max() == 0
 
 
@@ -166,11 +169,11 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
                        mixer=mixer)
     torch.manual_seed(0)
-    layer = mixers.build_mixer(cfg, 0)
+    layer = mixers.build_mixer(cfg, 0).to(DEV)
     with torch.no_grad():
         layer.conv.weight.normal_(0, 0.5)
-    x = torch.randn(2, 21, 32)
-    rope = model.rope_cos_sin(torch.arange(21), cfg.head_dim, cfg.rope_theta)
+    x = torch.randn(2, 21, 32, device=DEV)
+    rope = model.rope_cos_sin(torch.arange(21), cfg.head_dim, cfg.rope_theta, device=DEV)
     out = {}
     for on in (True, False):
         monkeypatch.setattr(mixers, "_on_kernels", lambda t, on=on: on)
@@ -178,4 +181,5 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
         y = layer(x, rope)
         y.square().sum().backward()
         out[on] = [y.detach()] + [p.grad.clone() for p in layer.parameters()]
-    assert all(rel(a, b) < 1e-4 for a, b in zip(out[True], out[False]))
+    tol = 1e-4 if DEV == "cpu" else 0.02  # a GPU: tf32 products in the additive family's kernels
+    assert all(rel(a, b) < tol for a, b in zip(out[True], out[False]))
