@@ -523,7 +523,8 @@ class MixerLayer(nn.Module):
         runs the chunked form, T = 1 the step; it holds the state and the conv tail, nothing more."""
         B, T, _ = x.shape
         H, D = self.n_head, self.head_dim
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)  # [B, T, 3 H D]
+        # q, k, v in one matmul (the same as three, with one launch and no concatenated copy)
+        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))  # [B, T, 3 H D]
         if self.conv is not None:
             qkv, tail = self.conv(qkv, None if cache is None else cache.get("conv"))
             if cache is not None:
