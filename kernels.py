@@ -40,7 +40,8 @@ Sections:
     2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
     3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
-    5. Training glue, fused: short_conv (mixers.ShortConv), distill_loss (distill.py's stage-3 loss)
+    5. Training glue, fused: short_conv (mixers.ShortConv), distill_loss (distill.py's stage-3 loss),
+       rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k)
 """
 
 import torch
@@ -1675,9 +1676,10 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 
 
 # -----------------------------------------------------------------------------
-# 5. Training glue: the short convolution and the distillation loss, fused
+# 5. Training glue: the short convolution, the distillation loss and the norms, fused
 #
-# Two steps of a training step that PyTorch runs as chains of memory-bound passes:
+# Pieces of a training step that PyTorch runs as chains of memory-bound passes (the norms,
+# rms_norm_gate and l2_normalize, have their own note further down):
 #
 #   short_conv    y = silu(causal depthwise conv over time), the short conv in front of every
 #                 mixer (mixers.ShortConv). cuDNN's depthwise conv and its backward, plus the
