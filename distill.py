@@ -132,59 +132,67 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
-class _DistillLoss(torch.autograd.Function):
-    """ce_weight * CE + kl_weight * KL of stage 3 in one pass over the logits, a block of rows at a
-    time: the gradient is known in closed form, so it is computed with the loss and kept (in the
-    logits' dtype) instead of autograd's fp32 intermediates, several copies of the [N, V] logits.
-    d CE / dz = softmax(z) - onehot(y); d (T^2 KL(p_t || softmax(z / T))) / dz = T (softmax(z / T) - p_t)."""
+_LOSS_ROWS = 2048  # rows per block of _loss_blocks
 
-    ROWS = 2048  # rows per block: fp32 temporaries of ROWS x V, a few hundred MB at V = 49152
+
+def _loss_blocks(z, t, y, ce_weight, kl_weight, temperature, grad=True):
+    """kernels.distill_loss_grad in PyTorch, a block of rows at a time (fp32 temporaries of
+    _LOSS_ROWS x V, a few hundred MB at V = 49152, instead of several copies of [N, V])."""
+    keep = y >= 0
+    n = keep.sum().clamp(min=1)  # positions that count
+    dz = torch.empty_like(z) if grad else None
+    ce, kl = z.new_zeros((), dtype=torch.float32), z.new_zeros((), dtype=torch.float32)
+    for i in range(0, z.shape[0], _LOSS_ROWS):
+        rows = slice(i, i + _LOSS_ROWS)
+        zf, yr, m = z[rows].float(), y[rows].clamp(min=0)[:, None], keep[rows, None].float()  # m (R, 1)
+        logp = F.log_softmax(zf, dim=-1)  # (R, V)
+        ce = ce + (-logp.gather(1, yr) * m).sum()
+        p = logp.exp()
+        g = (p * ce_weight).scatter_add_(1, yr, torch.full_like(m, -ce_weight)) if grad else None
+        if t is not None:
+            lt = F.log_softmax(t[rows].float() / temperature, dim=-1)
+            ls = logp if temperature == 1 else F.log_softmax(zf / temperature, dim=-1)
+            pt = lt.exp()
+            kl = kl + ((pt * (lt - ls)).sum(-1, keepdim=True) * m).sum()
+            if grad:
+                g += (p if temperature == 1 else ls.exp()).sub_(pt).mul_(kl_weight * temperature)
+        if grad:
+            dz[rows] = (g * (m / n)).to(z.dtype)
+    return ce / n, kl / n * temperature**2, dz
+
+
+class _DistillLoss(torch.autograd.Function):
+    """ce_weight * CE + kl_weight * KL of stage 3 with its gradient computed in the same pass over
+    the logits, in closed form, and kept in the logits' dtype (autograd would keep several fp32
+    copies of the [N, V] logits):
+    d CE / dz = softmax(z) - onehot(y); d (T^2 KL(p_t || softmax(z / T))) / dz = T (softmax(z / T) - p_t)."""
 
     @staticmethod
     def forward(ctx, z, t, y, ce_weight, kl_weight, temperature):  # z, t [N, V]; y [N], -1: no loss
-        keep = y >= 0
-        n = keep.sum().clamp(min=1)  # positions that count
-        grad = torch.empty_like(z) if ctx.needs_input_grad[0] else None
-        ce, kl = z.new_zeros((), dtype=torch.float32), z.new_zeros((), dtype=torch.float32)
-        for i in range(0, z.shape[0], _DistillLoss.ROWS):
-            rows = slice(i, i + _DistillLoss.ROWS)
-            zf, yr, m = z[rows].float(), y[rows].clamp(min=0)[:, None], keep[rows, None].float()  # m (R, 1)
-            logp = F.log_softmax(zf, dim=-1)  # (R, V)
-            ce = ce + (-logp.gather(1, yr) * m).sum()
-            p = logp.exp()
-            g = (p * ce_weight).scatter_add_(1, yr, torch.full_like(m, -ce_weight)) if grad is not None else None
-            if t is not None:
-                lt = F.log_softmax(t[rows].float() / temperature, dim=-1)
-                ls = logp if temperature == 1 else F.log_softmax(zf / temperature, dim=-1)
-                pt = lt.exp()
-                kl = kl + ((pt * (lt - ls)).sum(-1, keepdim=True) * m).sum()
-                if g is not None:
-                    g += (p if temperature == 1 else ls.exp()).sub_(pt).mul_(kl_weight * temperature)
-            if g is not None:
-                grad[rows] = (g * (m / n)).to(z.dtype)
-        ctx.save_for_backward(grad)
-        ce, kl = ce / n, kl / n * temperature**2
+        if mixers._on_kernels(z):  # one Triton kernel (kernels.py section 5)
+            import kernels
+
+            fn = kernels.distill_loss_grad
+        else:
+            fn = _loss_blocks
+        ce, kl, dz = fn(z, t, y, ce_weight, kl_weight, temperature, grad=ctx.needs_input_grad[0])
+        ctx.save_for_backward(dz)
         ctx.mark_non_differentiable(ce, kl)
         return ce_weight * ce + kl_weight * kl, ce, kl
 
     @staticmethod
     def backward(ctx, dloss, dce, dkl):
-        (grad,) = ctx.saved_tensors
-        return grad * dloss.to(grad.dtype), None, None, None, None, None
+        (dz,) = ctx.saved_tensors
+        return dz * dloss.to(dz.dtype), None, None, None, None, None
 
 
 def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
     """Stage 3's loss on logits [B, T, V], targets [B, T] (-1: no loss): (loss, ce, kl), where
     loss = ce_weight * cross_entropy + kl_weight * kl_per_token, the same values as those two
     functions give (ce and kl come detached, to log). teacher_logits None: cross-entropy alone
-    (kl 0). On CUDA one fused Triton kernel computes it (kernels.distill_loss)."""
-    z, y = student_logits.flatten(0, 1), targets.flatten()
+    (kl 0). On CUDA one fused Triton kernel computes it (kernels.distill_loss_grad)."""
     t = None if teacher_logits is None else teacher_logits.flatten(0, 1)
-    if mixers._on_kernels(z):  # one Triton kernel (kernels.py section 5)
-        import kernels
-
-        return kernels.distill_loss(z, t, y, ce_weight, kl_weight, temperature)
-    return _DistillLoss.apply(z, t, y, ce_weight, kl_weight, temperature)
+    return _DistillLoss.apply(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight, temperature)
 
 
 class StageLoss(nn.Module):

@@ -40,7 +40,7 @@ Sections:
     2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
     3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
-    5. Training glue, fused: short_conv (mixers.ShortConv), distill_loss (distill.py's stage-3 loss),
+    5. Training glue, fused: short_conv (mixers.ShortConv), distill_loss_grad (distill.py's stage-3 loss),
        rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k)
 """
 
@@ -1687,12 +1687,13 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 own kernels at (B, T) = (8, 2048). Here: one kernel reads x once and writes y;
 #                 backward, one kernel recomputes the pre-activation and writes its gradient da,
 #                 a second writes dx and per-block partial sums of dw from da and x.
-#   distill_loss  ce_weight * CE(z, y) + kl_weight * T^2 KL(softmax(t / T) || softmax(z / T))
+#   distill_loss_grad
+#                 ce_weight * CE(z, y) + kl_weight * T^2 KL(softmax(t / T) || softmax(z / T))
 #                 per row of logits z (student) and t (teacher), [N, V]. One program per row
 #                 reads the row twice (a pass for the log-sum-exps, a pass for the loss and
 #                 the gradient) and writes the gradient, known in closed form:
 #                     d CE / dz = softmax(z) - onehot(y),  d T^2 KL / dz = T (softmax(z / T) - p_t)
-#                 so the backward is one multiply by the incoming scalar.
+#                 so autograd's backward is one multiply by the incoming scalar.
 
 
 @triton.jit
@@ -1858,40 +1859,25 @@ def _distill_loss_kernel(z, t, y, inv_n, grad, ce, kl, V, ce_weight, kl_weight, 
 _LOSS_BV = 4096
 
 
-class _DistillLossFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, z, t, y, ce_weight, kl_weight, temperature):
-        N, V = z.shape
-        z, y = z.contiguous(), y.contiguous()
-        n = (y >= 0).sum().clamp(min=1)
-        inv_n = 1.0 / n.float()
-        want_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(z) if want_grad else z
-        ce, kl = (torch.empty(N, device=z.device, dtype=torch.float32) for _ in range(2))
-        _distill_loss_kernel[(N,)](z, z if t is None else t.contiguous(), y, inv_n.reshape(1), grad, ce, kl, V,
-                                   float(ce_weight), float(kl_weight), float(temperature), KL=t is not None,
-                                   GRAD=want_grad, BV=min(_LOSS_BV, triton.next_power_of_2(V)), num_warps=8)
-        ctx.save_for_backward(grad if want_grad else None)
-        ce, kl = ce.sum() * inv_n, kl.sum() * inv_n
-        ctx.mark_non_differentiable(ce, kl)
-        return ce_weight * ce + kl_weight * kl, ce, kl
-
-    @staticmethod
-    def backward(ctx, dloss, dce, dkl):
-        (grad,) = ctx.saved_tensors
-        return grad * dloss.to(grad.dtype), None, None, None, None, None
-
-
-def distill_loss(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
-    """Stage 3's loss on rows of logits, fused: returns (loss, ce, kl) as distill.distill_loss.
+def distill_loss_grad(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0, grad=True):
+    """Stage 3's loss on rows of logits and its gradient, fused, outside autograd (distill.py's
+    distill_loss wraps it): returns (ce, kl, dz).
 
     z (student) and t (teacher, or None for cross-entropy alone) [N, V]; y [N] targets, -1 where a
-    row does not count. ce and kl are means over the rows that count (kl scaled by T^2) and come
-    detached; loss = ce_weight * ce + kl_weight * kl carries the gradient to z.
+    row does not count. ce and kl are means over the rows that count (kl scaled by T^2); dz is the
+    gradient of ce_weight * ce + kl_weight * kl in z's dtype, or None when grad is False.
     """
     assert z.dim() == 2 and y.shape == z.shape[:1], f"z {tuple(z.shape)} must be [N,V], y {tuple(y.shape)} [N]"
     assert t is None or t.shape == z.shape, f"t {tuple(t.shape)} must match z {tuple(z.shape)}"
-    return _DistillLossFunction.apply(z, t, y, ce_weight, kl_weight, temperature)
+    N, V = z.shape
+    z, y = z.contiguous(), y.contiguous()
+    inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # stays on the device
+    dz = torch.empty_like(z) if grad else None
+    ce, kl = (torch.empty(N, device=z.device, dtype=torch.float32) for _ in range(2))
+    _distill_loss_kernel[(N,)](z, z if t is None else t.contiguous(), y, inv_n.reshape(1), z if dz is None else dz,
+                               ce, kl, V, float(ce_weight), float(kl_weight), float(temperature), KL=t is not None,
+                               GRAD=grad, BV=min(_LOSS_BV, triton.next_power_of_2(V)), num_warps=8)
+    return ce.sum() * inv_n, kl.sum() * inv_n, dz
 
 
 # Norms over the last axis, with an optional gate, for rows of D <= 1024 (one block a row):

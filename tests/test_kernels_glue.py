@@ -1,7 +1,7 @@
-"""The fused training glue of kernels.py section 5: short_conv and distill_loss.
+"""The fused training glue of kernels.py section 5: short_conv, distill_loss_grad and the norms.
 
 short_conv against mixers.ShortConv's PyTorch form (F.conv1d, then SiLU) in fp64: output and the
-gradients of x and the weights. distill_loss against autograd through distill.cross_entropy and
+gradients of x and the weights. distill_loss_grad against autograd through distill.cross_entropy and
 distill.kl_per_token: loss, its parts and the gradient of the student's logits. On the CPU the
 kernels run in Triton's interpreter, in fp32, at shapes that cut blocks; on a GPU in bf16 at
 training shapes.
@@ -79,10 +79,10 @@ def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
     return loss, ce, kl, torch.autograd.grad(loss, zd)[0]
 
 
-def loss_kernel(z, t, y, *weights):
-    z = z.detach().to(DEV).requires_grad_()
-    loss, ce, kl = kernels.distill_loss(z, None if t is None else t.to(DEV), y.to(DEV), *weights)
-    return loss.cpu(), ce.cpu(), kl.cpu(), torch.autograd.grad(loss, z)[0].cpu()
+def loss_kernel(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
+    ce, kl, dz = kernels.distill_loss_grad(z.to(DEV), None if t is None else t.to(DEV), y.to(DEV), ce_weight,
+                                           kl_weight, temperature)
+    return (ce_weight * ce + kl_weight * kl).cpu(), ce.cpu(), kl.cpu(), dz.cpu()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
@@ -100,6 +100,23 @@ def test_distill_loss_matches_ce_plus_kl(V, temperature):
     loss, ce, kl, g = loss_kernel(z, None, y)  # cross-entropy alone
     loss_r, ce_r, _, g_r = loss_reference(z, None, y, 1.0, 0.0, 1.0)
     assert abs(loss.item() - ce_r.item()) < 1e-5 * ce_r.item() and kl.item() == 0 and rel(g, g_r) < 1e-5
+
+
+def test_distill_loss_takes_the_kernel_on_the_kernel_path(monkeypatch):
+    # distill.distill_loss (the autograd Function train.py calls) with the kernel against its
+    # PyTorch blocks: the same loss and parts, and the same gradient through backward
+    gen = torch.Generator().manual_seed(0)
+    z, t = torch.randn(2, 5, 300, generator=gen), torch.randn(2, 5, 300, generator=gen)
+    y = torch.randint(0, 300, (2, 5), generator=gen)
+    y[0, 0] = -1
+    out = {}
+    for on in (True, False):
+        monkeypatch.setattr(mixers, "_on_kernels", lambda x, on=on: on)
+        zz = z.to(DEV).requires_grad_()
+        loss, ce, kl = distill.distill_loss(zz, t.to(DEV), y.to(DEV), 0.5, 2.0, 1.5)
+        (3 * loss).backward()
+        out[on] = [v.detach().cpu() for v in (loss, ce, kl, zz.grad)]
+    assert all(rel(a, b) < 1e-5 for a, b in zip(out[True], out[False]))
 
 
 @gpu

@@ -158,7 +158,7 @@ def test_kl_is_a_mean_per_token():
 def test_distill_loss_gives_ce_plus_kl_and_their_gradients_block_by_block(temperature, monkeypatch):
     # the closed-form gradient of distill_loss against autograd through cross_entropy and
     # kl_per_token, with rows that do not count, in blocks of rows that do not divide N
-    monkeypatch.setattr(distill._DistillLoss, "ROWS", 4)
+    monkeypatch.setattr(distill, "_LOSS_ROWS", 4)
     torch.manual_seed(0)
     t, tgt = torch.randn(2, 9, 11), torch.randint(0, 11, (2, 9))
     tgt[0, :3] = -1
