@@ -28,21 +28,8 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import kernels
+import mixers
 
-try:
-    import mixers
-except ImportError:  # without mixers.py: no correctness check and no PyTorch column
-    mixers = None
-
-MIXERS = {  # name: (family, gate granularity)
-    "linear_attention": ("additive", None),
-    "retnet": ("additive", "const"),
-    "mlstm": ("additive", "head"),
-    "gla": ("additive", "channel"),
-    "deltanet": ("delta", None),
-    "gated_deltanet": ("delta", "head"),
-    "kda": ("delta", "channel"),
-}
 SHAPES = [(8, 4096, 16, 64), (4, 8192, 16, 128), (1, 32768, 16, 64)]
 # forward+backward in ms at (8, 4096, 16, 64) on this H200 (REFERENCE.md section 7): fla 0.6.0,
 # except mLSTM (mlstm_kernels 2.0.6) and Gated DeltaNet (fla refuses its backward on Hopper)
@@ -55,8 +42,6 @@ def ours(family):
 
 
 def torch_form(family):
-    if mixers is None:
-        return None
     mixers.USE_KERNELS = False
     return mixers.chunk_decay_additive if family == "additive" else mixers.chunk_delta_rule
 
@@ -86,13 +71,13 @@ def fla_form(name):
 def make_inputs(name, B, T, H, D, dtype=torch.bfloat16, seed=0):
     """Positional inputs (q, k, v[, beta][, g]) as the mixers produce them."""
     torch.manual_seed(seed)
-    family, gate = MIXERS[name]
+    family, gate = mixers.FAMILY[name]
     q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype) for _ in range(3))
     args = [q, k, v]
     if family == "delta":
         args[:2] = F.normalize(q, dim=-1), F.normalize(k, dim=-1)  # the delta rule needs |k| = 1
         args.append(torch.rand(B, T, H, device="cuda", dtype=dtype))  # beta in (0, 1)
-    if gate == "const":  # RetNet: gamma_h = 1 - 2^(-5-h)
+    if gate == "head_const":  # RetNet: gamma_h = 1 - 2^(-5-h)
         args.append(torch.log(1 - 2.0 ** (-5 - torch.arange(H, device="cuda", dtype=torch.float32))))
     elif gate == "head":
         args.append(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4.0))
@@ -118,7 +103,7 @@ def relerr(a, b):
 
 def check(name, shape=(2, 1000, 4, 64)):
     """Relative errors of our bf16 kernel against the fp32 chunked PyTorch form: o, then grads."""
-    family, _ = MIXERS[name]
+    family, _ = mixers.FAMILY[name]
     args = make_inputs(name, *shape)
     do = torch.randn_like(args[2])
     results = []
@@ -135,7 +120,7 @@ def profile_kernels(name, shape, emit, steps=5):
     """Device time of each kernel in one forward+backward of our kernels, most expensive first."""
     from torch.profiler import ProfilerActivity, profile
 
-    family, _ = MIXERS[name]
+    family, _ = mixers.FAMILY[name]
     args = make_inputs(name, *shape)
     run, _ = fwd_bwd(lambda x: call(ours(family), x), args, torch.randn_like(args[2]))
     for _ in range(3):  # compile and warm up outside the profile
@@ -175,7 +160,7 @@ def flops_fwd(family, B, T, H, D, C=64):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mixers", default=",".join(MIXERS), help="comma-separated names from MIXERS")
+    ap.add_argument("--mixers", default=",".join(mixers.MIXERS), help="comma-separated names from mixers.MIXERS")
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxTxHxD,...")
     ap.add_argument("--fla", action="store_true", help="also time fla (minutes of autotuning per shape)")
     ap.add_argument("--profile", action="store_true", help="time each kernel of ours instead of the table")
@@ -215,7 +200,7 @@ def main():
         t_sdpa = do_bench(run, grad_to_none=leaves, return_mode="median")
         del qkv, leaves, run
         for name in names:
-            family, _ = MIXERS[name]
+            family, _ = mixers.FAMILY[name]
             args = make_inputs(name, *shape)
             do = torch.randn_like(args[2])
             ms = {}

@@ -46,6 +46,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MIXERS = ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda")
+# each mixer's family and the granularity of its log decay g: None, "head_const" [H], "head"
+# [B, T, H] or "channel" [B, T, H, Dk] (mLSTM: its forget gate; the input gate goes into k)
+FAMILY = {
+    "linear_attention": ("additive", None),
+    "retnet": ("additive", "head_const"),
+    "gla": ("additive", "channel"),
+    "mlstm": ("additive", "head"),
+    "deltanet": ("delta", None),
+    "gated_deltanet": ("delta", "head"),
+    "kda": ("delta", "channel"),
+}
 USE_KERNELS = os.environ.get("LINEARIZE_KERNELS", "1") != "0"  # CUDA tensors go to kernels.py
 NAIVE = False  # True: the layers run section 1's token-by-token recurrences (slow; to read and test)
 MLSTM_CAP = 15.0  # mLSTM gate pre-activations are soft-capped to (-15, 15); also its fixed stabilizer

@@ -12,22 +12,12 @@ import mixers
 import model
 
 F64 = torch.float64
-# each mixer's family and decay granularity
-CASES = {
-    "linear_attention": ("additive", None),
-    "retnet": ("additive", "head"),
-    "gla": ("additive", "channel"),
-    "mlstm": ("additive", "token"),
-    "deltanet": ("delta", None),
-    "gated_deltanet": ("delta", "token"),
-    "kda": ("delta", "channel"),
-}
 
 
 def family_inputs(mixer, B=2, T=37, H=2, Dk=16, Dv=8, dtype=F64, seed=0, decay=None):
     """Random inputs of the mixer's family form, all leaves that require grad.
     decay(shape) -> log decays; default: a spread of realistic values."""
-    family, gran = CASES[mixer]
+    family, gran = mixers.FAMILY[mixer]
     gen = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
     decay = decay or (lambda shape: F.logsigmoid(2 + 2 * rand(*shape)))
@@ -35,7 +25,7 @@ def family_inputs(mixer, B=2, T=37, H=2, Dk=16, Dv=8, dtype=F64, seed=0, decay=N
     if family == "delta":  # unit keys: the delta rule is only stable for beta |k|^2 <= 2
         x["k"] = F.normalize(x["k"], dim=-1)
         x["beta"] = torch.sigmoid(rand(B, T, H))
-    x["g"] = {None: None, "head": decay((H,)), "token": decay((B, T, H)), "channel": decay((B, T, H, Dk))}[gran]
+    x["g"] = {None: None, "head_const": decay((H,)), "head": decay((B, T, H)), "channel": decay((B, T, H, Dk))}[gran]
     return {n: (t if t is None else t.detach().requires_grad_()) for n, t in x.items()}
 
 
@@ -47,7 +37,7 @@ def run(fn, x, **kw):
 
 
 def fns(mixer):
-    if CASES[mixer][0] == "delta":
+    if mixers.FAMILY[mixer][0] == "delta":
         return mixers.chunk_delta_rule, mixers.recurrent_delta_rule, mixers.step_delta_rule
     return mixers.chunk_decay_additive, mixers.recurrent_decay_additive, mixers.step_decay_additive
 
