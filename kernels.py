@@ -1697,6 +1697,15 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 
 
 @triton.jit
+def _act(b_z, ACT: tl.constexpr):
+    """(act(z), act'(z)) for ACT 1 silu, 2 sigmoid."""
+    sig = tl.sigmoid(b_z)
+    if ACT == 1:
+        return b_z * sig, sig * (1 + b_z * (1 - sig))
+    return sig, sig * (1 - sig)
+
+
+@triton.jit
 def _conv_pre(x, w, o_t, o_d, m_d, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """Pre-activation a[t, d] = sum_j w[d, j] x[t - (S-1) + j, d] at rows o_t (x before 0 is 0), fp32."""
     b_a = tl.zeros([BT, BD], dtype=tl.float32)
@@ -1716,8 +1725,7 @@ def _conv_fwd_kernel(x, w, y, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.co
     y += i_b.to(tl.int64) * T * D
     o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    b_a = _conv_pre(x, w, o_t, o_d, m_d, T, D, S, BT, BD)
-    b_y = b_a * tl.sigmoid(b_a)
+    b_y, _ = _act(_conv_pre(x, w, o_t, o_d, m_d, T, D, S, BT, BD), 1)  # silu
     tl.store(y + o_t[:, None] * D + o_d[None, :], b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
@@ -1731,9 +1739,8 @@ def _conv_da_kernel(x, w, dy, da, T, D, S: tl.constexpr, BT: tl.constexpr, BD: t
     m = (o_t < T)[:, None] & m_d[None, :]
     b_a = _conv_pre(x + base, w, o_t, o_d, m_d, T, D, S, BT, BD)
     b_dy = tl.load(dy + base + o_t[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-    sig = tl.sigmoid(b_a)
-    tl.store(da + base + o_t[:, None] * D + o_d[None, :], (b_dy * sig * (1 + b_a * (1 - sig))).to(da.dtype.element_ty),
-             mask=m)
+    _, b_ds = _act(b_a, 1)  # silu'(a)
+    tl.store(da + base + o_t[:, None] * D + o_d[None, :], (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -1893,15 +1900,6 @@ _NORM_ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 
 
 @triton.jit
-def _norm_act(b_z, ACT: tl.constexpr):
-    """(act(z), act'(z)) for ACT 1 silu, 2 sigmoid."""
-    sig = tl.sigmoid(b_z)
-    if ACT == 1:
-        return b_z * sig, sig * (1 + b_z * (1 - sig))
-    return sig, sig * (1 - sig)
-
-
-@triton.jit
 def _norm_fwd_kernel(x, w, z, y, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
                      BR: tl.constexpr, BD: tl.constexpr):
     """x, z, y [N, D] contiguous; w [D] or unused. One program: BR rows."""
@@ -1914,7 +1912,7 @@ def _norm_fwd_kernel(x, w, z, y, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.cons
     if HAS_W:
         b_y *= tl.load(w + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
     if ACT > 0:
-        b_a, _ = _norm_act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
+        b_a, _ = _act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
         b_y *= b_a
     tl.store(y + o, b_y.to(y.dtype.element_ty), mask=m)
 
@@ -1933,17 +1931,18 @@ def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, c, eps, HAS_W: tl.constexpr
     b_dy = tl.load(dy + o, mask=m, other=0.0).to(tl.float32)
     b_r = 1 / tl.sqrt(c * tl.sum(b_x * b_x, axis=1) + eps)  # [BR]
     b_xh = b_x * b_r[:, None]
+    b_yn = b_xh  # the norm's output, before the gate
+    if HAS_W:
+        b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        b_yn = b_xh * b_w
     if ACT > 0:  # the gate's gradient, then the gradient through it
-        b_a, b_da = _norm_act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
-        b_yn = b_xh
-        if HAS_W:
-            b_yn *= tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        b_a, b_da = _act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
         tl.store(dz + o, (b_dy * b_yn * b_da).to(dz.dtype.element_ty), mask=m)
         b_dy *= b_a
     b_dxh = b_dy
     if HAS_W:
         tl.store(dwp + i_p.to(tl.int64) * D + o_d, tl.sum(b_dy * b_xh, axis=0), mask=m_d)
-        b_dxh *= tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+        b_dxh = b_dy * b_w
     b_dx = b_r[:, None] * (b_dxh - c * b_xh * tl.sum(b_dxh * b_xh, axis=1)[:, None])
     tl.store(dx + o, b_dx.to(dx.dtype.element_ty), mask=m)
 
