@@ -169,12 +169,8 @@ class _DistillLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, t, y, ce_weight, kl_weight, temperature):  # z, t [N, V]; y [N], -1: no loss
-        if mixers._on_kernels(z):  # one Triton kernel (kernels.py section 5)
-            import kernels
-
-            fn = kernels.distill_loss_grad
-        else:
-            fn = _loss_blocks
+        kern = mixers._kernels(z)  # on CUDA, one Triton kernel (kernels.py section 5)
+        fn = _loss_blocks if kern is None else kern.distill_loss_grad
         ce, kl, dz = fn(z, t, y, ce_weight, kl_weight, temperature, grad=ctx.needs_input_grad[0])
         ctx.save_for_backward(dz)
         ctx.mark_non_differentiable(ce, kl)

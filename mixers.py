@@ -77,17 +77,19 @@ def _kernel(name, x):
     The kernel gets q, k and v in one dtype: autocast's while autocast is on, else x's. Under CUDA
     autocast, F.normalize and exp return fp32, and fp32 operands would send the kernels to exact
     fp32 products, many times slower than bf16 ones. Gates, beta and states pass as they are."""
-    if not _on_kernels(x):
-        return None
-    import kernels
-
-    fn = getattr(kernels, name, None)
+    kern = _kernels(x)
+    fn = None if kern is None else getattr(kern, name, None)
     return None if fn is None else _one_dtype(fn, x)
 
 
-def _on_kernels(x):
-    """True when work on x goes to kernels.py: x on CUDA and USE_KERNELS on."""
-    return USE_KERNELS and x.is_cuda
+def _kernels(x):
+    """The kernels module when work on x goes there (x on CUDA and USE_KERNELS on), else None.
+    Imported here, on first use, so that CPU runs never need triton."""
+    if not (USE_KERNELS and x.is_cuda):
+        return None
+    import kernels
+
+    return kernels
 
 
 def _one_dtype(fn, x):
@@ -465,10 +467,9 @@ class ShortConv(nn.Module):
 
     def forward(self, x, tail=None):  # x [B, T, dim], tail [B, size-1, dim] -> y [B, T, dim], tail
         size = self.weight.shape[1]
-        if tail is None and _on_kernels(x):  # from a zero past: training, prefill
-            import kernels
-
-            y = kernels.short_conv(x, self.weight)
+        kern = _kernels(x) if tail is None else None  # from a zero past: training, prefill
+        if kern is not None:
+            y = kern.short_conv(x, self.weight)
             if x.shape[1] < size - 1:
                 x = F.pad(x, (0, 0, size - 1 - x.shape[1], 0))
             return y, x[:, x.shape[1] - (size - 1) :]
@@ -546,11 +547,10 @@ class MixerLayer(nn.Module):
         o, state = self.mix(x, q, k, v, rope, state, step=cache is not None and T == 1)  # [B, T, H, D]
         if cache is not None:
             cache["state"] = state
-        if self.out_norm == "rms" and _on_kernels(o):  # norm and gate in one kernel
-            import kernels
-
+        kern = _kernels(o) if self.out_norm == "rms" else None
+        if kern is not None:  # norm and gate in one kernel
             z = None if self.out_gate is None else self.g_proj(x).view_as(o)
-            o = kernels.rms_norm_gate(o, self.o_norm.weight, z, self.out_gate, self.o_norm.eps)
+            o = kern.rms_norm_gate(o, self.o_norm.weight, z, self.out_gate, self.o_norm.eps)
         else:
             if self.out_norm:
                 o = self.o_norm(o)
@@ -670,10 +670,9 @@ class DeltaNet(MixerLayer):
     def qk_beta(self, x, q, k):
         # unit keys keep every write a contraction (beta |k|^2 <= 1)
         beta = torch.sigmoid(self.b_proj(x))  # [B, T, H]
-        if _on_kernels(q):  # one kernel each, in q's dtype
-            import kernels
-
-            return kernels.l2_normalize(q), kernels.l2_normalize(k), beta
+        kern = _kernels(q)
+        if kern is not None:  # one kernel each, in q's dtype
+            return kern.l2_normalize(q), kern.l2_normalize(k), beta
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1), beta
 
     def mix(self, x, q, k, v, rope, state, step):

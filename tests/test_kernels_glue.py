@@ -63,9 +63,9 @@ def test_short_conv_layer_keeps_the_tail_for_decoding(monkeypatch):
         conv.weight.normal_()
     for T in (2, 9):
         x = torch.randn(1, T, 6, device=DEV)
-        monkeypatch.setattr(mixers, "_on_kernels", lambda x: True)
+        monkeypatch.setattr(mixers, "_kernels", lambda x: kernels)
         y, tail = conv(x)
-        monkeypatch.setattr(mixers, "_on_kernels", lambda x: False)
+        monkeypatch.setattr(mixers, "_kernels", lambda x: None)
         y_ref, tail_ref = conv(x)
         torch.testing.assert_close(y, y_ref)
         torch.testing.assert_close(tail, tail_ref, rtol=0, atol=0)
@@ -111,7 +111,7 @@ def test_distill_loss_takes_the_kernel_on_the_kernel_path(monkeypatch):
     y[0, 0] = -1
     out = {}
     for on in (True, False):
-        monkeypatch.setattr(mixers, "_on_kernels", lambda x, on=on: on)
+        monkeypatch.setattr(mixers, "_kernels", lambda x, on=on: kernels if on else None)
         zz = z.to(DEV).requires_grad_()
         loss, ce, kl = distill.distill_loss(zz, t.to(DEV), y.to(DEV), 0.5, 2.0, 1.5)
         (3 * loss).backward()
@@ -193,7 +193,7 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     rope = model.rope_cos_sin(torch.arange(21), cfg.head_dim, cfg.rope_theta, device=DEV)
     out = {}
     for on in (True, False):
-        monkeypatch.setattr(mixers, "_on_kernels", lambda t, on=on: on)
+        monkeypatch.setattr(mixers, "_kernels", lambda t, on=on: kernels if on else None)
         layer.zero_grad()
         y = layer(x, rope)
         y.square().sum().backward()
