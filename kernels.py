@@ -1706,55 +1706,96 @@ def _act(b_z, ACT: tl.constexpr):
 
 
 @triton.jit
-def _conv_pre(x, w, o_t, o_d, m_d, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """Pre-activation a[t, d] = sum_j w[d, j] x[t - (S-1) + j, d] at rows o_t (x before 0 is 0), fp32."""
+def _conv_cols(i_d, D, E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
+    """The channels of channel block i_d: NH heads of E channels, each padded to EP lanes, so
+    that no head straddles two blocks. Returns the channels [NH * EP] and their mask."""
+    o_a = tl.arange(0, NH * EP)
+    o_j = o_a % EP
+    o_d = (i_d * NH + o_a // EP) * E + o_j
+    return o_d, (o_j < E) & (o_d < D)
+
+
+@triton.jit
+def _conv_pre(x, w, o_t, o_d, m_d, T, SX, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Pre-activation a[t, d] = sum_j w[d, j] x[t - (S-1) + j, d] at rows o_t (x before 0 is 0), fp32.
+    x's rows are SX elements apart (a slice of a wider projection), its channels contiguous."""
     b_a = tl.zeros([BT, BD], dtype=tl.float32)
     for j in tl.static_range(S):
         o_s = o_t - (S - 1) + j
         m = ((o_s >= 0) & (o_s < T))[:, None] & m_d[None, :]
-        b_x = tl.load(x + o_s[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
+        b_x = tl.load(x + o_s.to(tl.int64)[:, None] * SX + o_d[None, :], mask=m, other=0.0).to(tl.float32)
         b_a += b_x * tl.load(w + o_d * S + j, mask=m_d, other=0.0)[None, :]
     return b_a
 
 
 @triton.jit
-def _conv_fwd_kernel(x, w, y, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """x, y [B, T, D] (contiguous), w [D, S] fp32: y = silu(conv) for one (time block, channel block, b)."""
-    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    x += i_b.to(tl.int64) * T * D
-    y += i_b.to(tl.int64) * T * D
-    o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    b_y, _ = _act(_conv_pre(x, w, o_t, o_d, m_d, T, D, S, BT, BD), 1)  # silu
-    tl.store(y + o_t[:, None] * D + o_d[None, :], b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+def _conv_head_rnorm(b_y, BT: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
+    """1 / |y| over each head's lanes of b_y [BT, NH * EP] (padding lanes hold 0), spread back
+    over those lanes; the floor on |y|^2 is 1e-24, as l2_normalize's."""
+    b_ss = tl.sum(tl.reshape(b_y * b_y, [BT, NH, EP]), axis=2)  # [BT, NH]
+    b_r = tl.broadcast_to((1 / tl.sqrt(b_ss + 1e-24))[:, :, None], [BT, NH, EP])
+    return tl.reshape(b_r, [BT, NH * EP])
 
 
 @triton.jit
-def _conv_da_kernel(x, w, dy, da, T, D, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """The gradient at the pre-activation, da = dy * silu'(a), a recomputed: [B, T, D] like dy."""
+def _conv_out(o_t, o_d, i_b, T, DP):
+    """Offsets in the output [P, B, T, DP] (the channels cut into P parts of DP) of rows o_t,
+    channels o_d, sequence i_b."""
+    o_p = (o_d // DP).to(tl.int64)
+    o_row = (i_b * T + o_t).to(tl.int64)
+    return (o_p * (tl.num_programs(2) * T) * DP)[None, :] + o_row[:, None] * DP + (o_d % DP)[None, :]
+
+
+@triton.jit
+def _conv_fwd_kernel(x, w, y, T, D, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
+                     EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
+    """y = silu(conv) for one (time block, channel block, sequence); channels below L2D then
+    divided by their head's norm (when L2). x [B, T, D] with rows SX apart; w [D, S] fp32."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    base = i_b.to(tl.int64) * T * D
-    o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
+    b_y, _ = _act(_conv_pre(x + i_b.to(tl.int64) * T * SX, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP), 1)  # silu
+    if L2:
+        b_y = tl.where((o_d < L2D)[None, :], b_y * _conv_head_rnorm(b_y, BT, EP, NH), b_y)
+    tl.store(y + _conv_out(o_t, o_d, i_b, T, DP), b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _conv_da_kernel(x, w, dy, da, T, D, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
+                    EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
+    """The gradient at the pre-activation, da [B, T, D] contiguous, from dy laid out as y, the
+    pre-activation recomputed. Through a head's L2 norm, with yh = y r:
+    dy_silu = r (dy - yh sum(dy yh)); then da = dy_silu * silu'(a)."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
     m = (o_t < T)[:, None] & m_d[None, :]
-    b_a = _conv_pre(x + base, w, o_t, o_d, m_d, T, D, S, BT, BD)
-    b_dy = tl.load(dy + base + o_t[:, None] * D + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-    _, b_ds = _act(b_a, 1)  # silu'(a)
-    tl.store(da + base + o_t[:, None] * D + o_d[None, :], (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
+    b_a = _conv_pre(x + i_b.to(tl.int64) * T * SX, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP)
+    b_dy = tl.load(dy + _conv_out(o_t, o_d, i_b, T, DP), mask=m, other=0.0).to(tl.float32)
+    b_y, b_ds = _act(b_a, 1)  # silu(a), silu'(a)
+    if L2:
+        b_r = _conv_head_rnorm(b_y, BT, EP, NH)
+        b_yh = b_y * b_r
+        b_dot = tl.sum(tl.reshape(b_dy * b_yh, [BT, NH, EP]), axis=2)  # [BT, NH]
+        b_dot = tl.reshape(tl.broadcast_to(b_dot[:, :, None], [BT, NH, EP]), [BT, NH * EP])
+        b_dy = tl.where((o_d < L2D)[None, :], b_r * (b_dy - b_yh * b_dot), b_dy)
+    o_da = (i_b * T + o_t).to(tl.int64)[:, None] * D + o_d[None, :]
+    tl.store(da + o_da, (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, NT, S: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """dx [B, T, D] and this block's share of dw, dwp [B * NT, S, D] fp32 (summed by the caller).
-
-    x at row t feeds output row t + (S-1) - j through tap j, so dx_t = sum_j w_j da_{t+S-1-j};
-    dw_j = sum_t da_t x_{t-(S-1)+j}."""
+def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SX, NT, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
+                     EP: tl.constexpr, NH: tl.constexpr):
+    """dx [B, T, D] (contiguous) and this block's share of dw, dwp [B * NT, S, D] fp32 (summed
+    by the caller). x at row t feeds output row t + (S-1) - j through tap j, so
+    dx_t = sum_j w_j da_{t+S-1-j}; dw_j = sum_t da_t x_{t-(S-1)+j}."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    x += i_b.to(tl.int64) * T * SX
     base = i_b.to(tl.int64) * T * D
-    x, da, dx = x + base, da + base, dx + base
-    o_t, o_d = i_t * BT + tl.arange(0, BT), i_d * BD + tl.arange(0, BD)
-    m_d = o_d < D
-    b_dx = tl.zeros([BT, BD], dtype=tl.float32)
+    da, dx = da + base, dx + base
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
+    b_dx = tl.zeros([BT, NH * EP], dtype=tl.float32)
     p_dw = dwp + (i_b * NT + i_t).to(tl.int64) * S * D
     b_da = tl.load(da + o_t[:, None] * D + o_d[None, :], mask=(o_t < T)[:, None] & m_d[None, :], other=0.0)
     for j in tl.static_range(S):
@@ -1764,50 +1805,74 @@ def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, NT, S: tl.constexpr, BT: tl.conste
         b_dx += tl.load(da + o_s[:, None] * D + o_d[None, :], mask=m_s, other=0.0).to(tl.float32) * b_w[None, :]
         o_s = o_t - (S - 1) + j  # the x rows this block's outputs read through tap j
         m_s = ((o_s >= 0) & (o_s < T))[:, None] & m_d[None, :]
-        b_x = tl.load(x + o_s[:, None] * D + o_d[None, :], mask=m_s, other=0.0).to(tl.float32)
+        b_x = tl.load(x + o_s.to(tl.int64)[:, None] * SX + o_d[None, :], mask=m_s, other=0.0).to(tl.float32)
         tl.store(p_dw + j * D + o_d, tl.sum(b_da.to(tl.float32) * b_x, axis=0), mask=m_d)
     tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
-_CONV_BT, _CONV_BD = 64, 64
+_CONV_BT = 64
+
+
+def _conv_heads(head_dim):
+    """(E, EP, NH): channel blocks of NH heads of E channels (EP lanes each), 64 lanes or one
+    head. Without heads (head_dim None) the blocks are plain 64-channel slices."""
+    if head_dim is None:
+        return 64, 64, 1
+    EP = triton.next_power_of_2(head_dim)
+    return head_dim, EP, max(1, 64 // EP)
 
 
 class _ShortConvFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w):
+    def forward(ctx, x, w, parts, l2_parts, head_dim):
         B, T, D = x.shape
-        S = w.shape[1]
-        x, w32 = x.contiguous(), w.float().contiguous()
-        y = torch.empty_like(x)
-        grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, _CONV_BD), B)
-        _conv_fwd_kernel[grid](x, w32, y, T, D, S=S, BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
+        S, DP = w.shape[1], D // parts
+        if x.stride(2) != 1:
+            x = x.contiguous()
+        w32 = w.float().contiguous()
+        E, EP, NH = _conv_heads(head_dim)
+        y = torch.empty(parts, B, T, DP, device=x.device, dtype=x.dtype)
+        grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, NH * E), B)
+        _conv_fwd_kernel[grid](x, w32, y, T, D, x.stride(1), DP, l2_parts * DP, S=S, BT=_CONV_BT, E=E, EP=EP,
+                               NH=NH, L2=l2_parts > 0, num_warps=4)
         ctx.save_for_backward(x, w32)
-        ctx.w_dtype = w.dtype
-        return y
+        ctx.w_dtype, ctx.heads, ctx.l2_parts = w.dtype, (E, EP, NH), l2_parts
+        return y.unbind(0)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, *dys):
         x, w32 = ctx.saved_tensors
         B, T, D = x.shape
+        (E, EP, NH), parts = ctx.heads, len(dys)
         S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
-        grid = (NT, triton.cdiv(D, _CONV_BD), B)
-        dy = dy.contiguous()
-        da, dx = torch.empty_like(dy), torch.empty_like(x)
+        grid = (NT, triton.cdiv(D, NH * E), B)
+        dy = torch.stack([x.new_zeros(B, T, D // parts) if d is None else d for d in dys])
+        da = torch.empty(B, T, D, device=x.device, dtype=dy.dtype)
+        dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
         dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
-        _conv_da_kernel[grid](x, w32, dy, da, T, D, S=S, BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
-        _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, NT, S=S, BT=_CONV_BT, BD=_CONV_BD, num_warps=4)
-        return dx, dwp.sum(0).t().to(ctx.w_dtype)
+        _conv_da_kernel[grid](x, w32, dy, da, T, D, x.stride(1), D // parts, ctx.l2_parts * D // parts, S=S,
+                              BT=_CONV_BT, E=E, EP=EP, NH=NH, L2=ctx.l2_parts > 0, num_warps=4)
+        _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, x.stride(1), NT, S=S, BT=_CONV_BT, E=E, EP=EP, NH=NH,
+                               num_warps=4)
+        return dx, dwp.sum(0).t().to(ctx.w_dtype), None, None, None
 
 
-def short_conv(x, weight):
+def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None):
     """silu(causal depthwise conv1d over time) from a zero past, as mixers.ShortConv without a tail.
 
-    x [B, T, D]; weight [D, S] (tap S-1 multiplies the current token). Returns y [B, T, D] in
-    x's dtype; the sums run in fp32 with the fp32 weights.
+    x [B, T, D] (its rows may be strided, as a slice of a wider projection); weight [D, S] (tap
+    S-1 multiplies the current token). Returns y [B, T, D] in x's dtype; the sums run in fp32
+    with the fp32 weights. With parts > 1, y comes cut along the channels into that many
+    contiguous [B, T, D / parts] tensors (q, k, v from one projection, with no copy), and with
+    l2_parts the first l2_parts of them are L2-normalized per head of head_dim channels (the
+    delta rules' unit q and k).
     """
     assert x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2], \
         f"x {tuple(x.shape)} must be [B,T,D] and weight {tuple(weight.shape)} [D,S]"
-    return _ShortConvFunction.apply(x, weight)
+    assert x.shape[2] % parts == 0 and l2_parts <= parts, f"{x.shape[2]} channels do not cut into {parts} parts"
+    assert not l2_parts or (head_dim and (x.shape[2] // parts) % head_dim == 0), "L2 needs heads that tile the parts"
+    ys = _ShortConvFunction.apply(x, weight, parts, l2_parts, head_dim if l2_parts else None)
+    return ys[0] if parts == 1 else ys
 
 
 @triton.jit

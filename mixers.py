@@ -466,18 +466,15 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(w)  # [dim, size]
 
     def forward(self, x, tail=None):  # x [B, T, dim], tail [B, size-1, dim] -> y [B, T, dim], tail
-        size = self.weight.shape[1]
-        kern = _kernels(x) if tail is None else None  # from a zero past: training, prefill
-        if kern is not None:
-            y = kern.short_conv(x, self.weight)
-            if x.shape[1] < size - 1:
-                x = F.pad(x, (0, 0, size - 1 - x.shape[1], 0))
-            return y, x[:, x.shape[1] - (size - 1) :]
         if tail is None:
-            tail = x.new_zeros(x.shape[0], size - 1, x.shape[2])
+            tail = x.new_zeros(x.shape[0], self.weight.shape[1] - 1, x.shape[2])
         x = torch.cat([tail.to(x.dtype), x], 1)  # [B, size-1+T, dim]
         y = F.conv1d(x.transpose(1, 2), self.weight[:, None, :].to(x.dtype), groups=x.shape[2])  # [B, dim, T]
-        return F.silu(y.transpose(1, 2)), x[:, x.shape[1] - (size - 1) :]
+        return F.silu(y.transpose(1, 2)), self.last(x)
+
+    def last(self, x):  # the tail after x [B, T, dim] from a zero past: its last size-1 inputs
+        n = self.weight.shape[1] - 1
+        return F.pad(x, (0, 0, max(0, n - x.shape[1]), 0))[:, -n:] if n else x[:, :0]
 
 
 class FeatureMap(nn.Module):
@@ -507,10 +504,13 @@ def _A_log(n):
 
 class MixerLayer(nn.Module):
     """What the seven mixers share: Hugging Face-named projections, the short conv, the decoding
-    cache, the output norm and gate. A subclass turns (x, q, k, v) into its recurrence in mix()."""
+    cache, the output norm and gate. A subclass turns q, k, v and its own projections of x into
+    its recurrence in mix()."""
 
     out_norm = None  # per-head output norm: "rms" or "layer"
     out_gate = None  # per-channel output gate from x: "silu" or "sigmoid"
+    x_projs = ()  # the subclass's nn.Linear layers that read x (names of submodules), besides q, k, v
+    qk_l2 = False  # L2-normalize q and k per head (after the short conv)
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -530,34 +530,63 @@ class MixerLayer(nn.Module):
             self.o_norm = nn.LayerNorm(D, eps=config.rms_eps, bias=False)
         if self.out_gate:
             self.g_proj = nn.Linear(C, H * D, bias=False)
+            self.x_projs = ("g_proj",) + self.x_projs
+
+    def project(self, x):
+        """Every nn.Linear that reads x, in one matmul over their stacked weights (one launch and
+        one read of x instead of one each; the same numbers). Returns qkv [B, T, 3 H D] and a
+        dict from each name in x_projs to its output."""
+        lins = [self.q_proj, self.k_proj, self.v_proj] + [self.get_submodule(n) for n in self.x_projs]
+        y = F.linear(x, torch.cat([lin.weight for lin in lins]))
+        qkv, *outs = y.split([3 * self.n_head * self.head_dim] + [lin.out_features for lin in lins[3:]], -1)
+        return qkv, {n: o if lin.bias is None else o + lin.bias for n, lin, o in zip(self.x_projs, lins[3:], outs)}
+
+    def heads(self, qkv, cache):
+        """q, k, v [B, T, H, D] from qkv [B, T, 3 H D]: the short conv (its tail kept in the cache
+        for decoding), the cut into heads, and the L2 norms when qk_l2."""
+        B, T, _ = qkv.shape
+        H, D = self.n_head, self.head_dim
+        tail = None if cache is None else cache.get("conv")
+        kern = _kernels(qkv) if self.conv is not None and tail is None else None
+        if kern is not None:  # conv, SiLU, the cut into contiguous q, k, v and the norms: one kernel
+            q, k, v = kern.short_conv(qkv, self.conv.weight, parts=3, l2_parts=2 * self.qk_l2, head_dim=D)
+            if cache is not None:
+                cache["conv"] = self.conv.last(qkv)
+            return q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)
+        if self.conv is not None:
+            qkv, tail = self.conv(qkv, tail)
+            if cache is not None:
+                cache["conv"] = tail
+        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)  # each [B, T, H, D]
+        if self.qk_l2:  # unit keys keep every delta-rule write a contraction (beta |k|^2 <= 1)
+            kern = _kernels(q)
+            if kern is not None:
+                return kern.l2_normalize(q), kern.l2_normalize(k), v
+            return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v
+        return q, k, v
 
     def forward(self, x, rope, cache=None):
         """x [B, T, C] -> [B, T, C]. cache: None (training) or this layer's dict: a prefill (T > 1)
         runs the chunked form, T = 1 the step; it holds the state and the conv tail, nothing more."""
         B, T, _ = x.shape
         H, D = self.n_head, self.head_dim
-        # q, k, v in one matmul (the same as three, with one launch and no concatenated copy)
-        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))  # [B, T, 3 H D]
-        if self.conv is not None:
-            qkv, tail = self.conv(qkv, None if cache is None else cache.get("conv"))
-            if cache is not None:
-                cache["conv"] = tail
-        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)  # each [B, T, H, D]
+        qkv, p = self.project(x)
+        q, k, v = self.heads(qkv, cache)
         state = None if cache is None else cache.get("state")
-        o, state = self.mix(x, q, k, v, rope, state, step=cache is not None and T == 1)  # [B, T, H, D]
+        o, state = self.mix(p, q, k, v, rope, state, step=cache is not None and T == 1)  # [B, T, H, D]
         if cache is not None:
             cache["state"] = state
         kern = _kernels(o) if self.out_norm == "rms" else None
+        z = p["g_proj"].reshape(B, T, H, D) if self.out_gate else None
         if kern is not None:  # norm and gate in one kernel
-            z = None if self.out_gate is None else self.g_proj(x).view_as(o)
             o = kern.rms_norm_gate(o, self.o_norm.weight, z, self.out_gate, self.o_norm.eps)
         else:
             if self.out_norm:
                 o = self.o_norm(o)
             if self.out_gate == "silu":
-                o = o * F.silu(self.g_proj(x)).view_as(o)
+                o = o * F.silu(z)
             elif self.out_gate == "sigmoid":
-                o = o * torch.sigmoid(self.g_proj(x)).view_as(o)
+                o = o * torch.sigmoid(z)
         return self.o_proj(o.reshape(B, T, H * D))
 
     @torch.no_grad()
@@ -592,7 +621,7 @@ class LinearAttention(MixerLayer):
         super().__init__(config, layer_idx)
         self.q_map, self.k_map = FeatureMap(self.head_dim), FeatureMap(self.head_dim)
 
-    def mix(self, x, q, k, v, rope, state, step):
+    def mix(self, p, q, k, v, rope, state, step):
         q, k = self.q_map(q), self.k_map(k)
         if NAIVE:
             return linear_attention_recurrent(q, k, v, state)
@@ -604,7 +633,7 @@ class RetNet(MixerLayer):
 
     out_norm, out_gate = "rms", "silu"
 
-    def mix(self, x, q, k, v, rope, state, step):
+    def mix(self, p, q, k, v, rope, state, step):
         apply_rotary = _model().apply_rotary
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # the only student with positions
         if NAIVE:
@@ -617,6 +646,7 @@ class GLA(MixerLayer):
     """Gated linear attention: data-dependent decay per key channel; RMSNorm times swish gate."""
 
     out_norm, out_gate = "rms", "silu"
+    x_projs = ("gk_proj.0",)  # the first, low-rank half of gk_proj
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -626,8 +656,8 @@ class GLA(MixerLayer):
         self.gk_proj = nn.Sequential(nn.Linear(config.n_embd, 16, bias=False), nn.Linear(16, H * D))
         nn.init.zeros_(self.gk_proj[1].bias)
 
-    def mix(self, x, q, k, v, rope, state, step):
-        log_a = F.logsigmoid(self.gk_proj(x)).view_as(k) / 16  # [B, T, H, Dk]; /16 keeps a near 1
+    def mix(self, p, q, k, v, rope, state, step):
+        log_a = F.logsigmoid(self.gk_proj[1](p["gk_proj.0"])).view_as(k) / 16  # [B, T, H, Dk]; /16 keeps a near 1
         if NAIVE:
             return gla_recurrent(q, k, v, log_a, state)
         return _additive(q, k, v, log_a, state, step)
@@ -638,6 +668,7 @@ class MLSTM(MixerLayer):
     times sigmoid output gate."""
 
     out_norm, out_gate = "layer", "sigmoid"
+    x_projs = ("i_proj", "f_proj")  # with biases, added after the shared matmul
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -651,8 +682,8 @@ class MLSTM(MixerLayer):
         with torch.no_grad():
             self.f_proj.bias.copy_(torch.linspace(3.0, 6.0, H))
 
-    def mix(self, x, q, k, v, rope, state, step):
-        i_pre, f_pre = softcap(self.i_proj(x)), softcap(self.f_proj(x))  # [B, T, H] each
+    def mix(self, p, q, k, v, rope, state, step):
+        i_pre, f_pre = softcap(p["i_proj"]), softcap(p["f_proj"])  # [B, T, H] each
         if NAIVE:
             return mlstm_recurrent(q, k, v, i_pre, f_pre, state)
         return mlstm_family(q, k, v, i_pre, f_pre, state, step=step)
@@ -661,22 +692,14 @@ class MLSTM(MixerLayer):
 class DeltaNet(MixerLayer):
     """DeltaNet: the delta rule with L2-normalized q, k and a learned step beta; per-head RMSNorm."""
 
-    out_norm = "rms"
+    out_norm, qk_l2, x_projs = "rms", True, ("b_proj",)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         self.b_proj = nn.Linear(config.n_embd, self.n_head, bias=False)  # beta = sigmoid(.) ~ 0.5 at init
 
-    def qk_beta(self, x, q, k):
-        # unit keys keep every write a contraction (beta |k|^2 <= 1)
-        beta = torch.sigmoid(self.b_proj(x))  # [B, T, H]
-        kern = _kernels(q)
-        if kern is not None:  # one kernel each, in q's dtype
-            return kern.l2_normalize(q), kern.l2_normalize(k), beta
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), beta
-
-    def mix(self, x, q, k, v, rope, state, step):
-        q, k, beta = self.qk_beta(x, q, k)
+    def mix(self, p, q, k, v, rope, state, step):
+        beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
         if NAIVE:
             return deltanet_recurrent(q, k, v, beta, state)
         return _delta(q, k, v, beta, None, state, step)
@@ -686,15 +709,16 @@ class GatedDeltaNet(DeltaNet):
     """Gated DeltaNet: DeltaNet with a data-dependent decay per head; RMSNorm times swish gate."""
 
     out_gate = "silu"
+    x_projs = DeltaNet.x_projs + ("a_proj",)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         self.a_proj = nn.Linear(config.n_embd, self.n_head, bias=False)
         self.A_log, self.dt_bias = _A_log(self.n_head), _dt_bias(self.n_head)  # Mamba-2 inits
 
-    def mix(self, x, q, k, v, rope, state, step):
-        q, k, beta = self.qk_beta(x, q, k)
-        log_a = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)  # [B, T, H], <= 0
+    def mix(self, p, q, k, v, rope, state, step):
+        beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
+        log_a = -self.A_log.exp() * F.softplus(p["a_proj"] + self.dt_bias)  # [B, T, H], <= 0
         if NAIVE:
             return gated_deltanet_recurrent(q, k, v, beta, log_a, state)
         return _delta(q, k, v, beta, log_a, state, step)
@@ -706,6 +730,7 @@ class KDA(DeltaNet):
     (its code added it into the RMSNorm instead)."""
 
     out_gate = "sigmoid"
+    x_projs = DeltaNet.x_projs + ("f_proj.0",)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -714,9 +739,9 @@ class KDA(DeltaNet):
         self.f_proj = nn.Sequential(nn.Linear(config.n_embd, D, bias=False), nn.Linear(D, H * D, bias=False))
         self.A_log, self.dt_bias = _A_log(H), _dt_bias(H * D)
 
-    def mix(self, x, q, k, v, rope, state, step):
-        q, k, beta = self.qk_beta(x, q, k)
-        a = F.softplus(self.f_proj(x) + self.dt_bias).view_as(k)  # [B, T, H, Dk]
+    def mix(self, p, q, k, v, rope, state, step):
+        beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
+        a = F.softplus(self.f_proj[1](p["f_proj.0"]) + self.dt_bias).view_as(k)  # [B, T, H, Dk]
         log_a = -self.A_log.exp()[:, None] * a  # <= 0
         if NAIVE:
             return kda_recurrent(q, k, v, beta, log_a, state)

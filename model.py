@@ -211,7 +211,7 @@ class SmolLM2(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def rope(self, T, start=0, device=None):
-        positions = torch.arange(start, start + T)
+        positions = torch.arange(start, start + T, device=device)  # made on the device: capturable in a CUDA graph
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
     def forward(self, idx, targets=None, caches=None, start=0, last_only=False):

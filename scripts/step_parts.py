@@ -8,6 +8,7 @@ the weights), under bf16 autocast as train.py runs them:
 
     python scripts/step_parts.py                          # gated_deltanet, batch 8, length 2048
     python scripts/step_parts.py --mixer=kda --T=4096 --B=4
+    python scripts/step_parts.py --profile                # and the kernels of one layer of each kind
 
 Each row is the mean wall time of 10 calls after 3 warm-ups, synchronized, so it counts the
 Python and the kernel launches as a training step does; peak memory is the most allocated
@@ -34,6 +35,8 @@ def main():
     ap.add_argument("--B", type=int, default=8, help="sequences")
     ap.add_argument("--T", type=int, default=2048, help="tokens per sequence")
     ap.add_argument("--out", default="", help="also append the table to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="also list the kernels of one mixer layer and one attention layer, forward and backward")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("step_parts.py: needs a CUDA GPU (the parts are timed as train.py runs them there)")
@@ -123,6 +126,24 @@ def main():
     row("  short conv, PyTorch (F.conv1d and SiLU), forward and backward",
         lambda: conv(qkv, tail)[0].float().sum().backward())
     row("  short conv, kernel, forward and backward", lambda: kernels.short_conv(qkv, w).float().sum().backward())
+    if args.profile:
+        for name, mod in ((args.mixer, mixer), ("attention", lm.model.layers[0].self_attn)):
+            emit(f"\n### the kernels of one {name} layer, forward and backward (10 calls)\n```")
+            emit(kernel_table(layer(mod)))
+            emit("```")
+
+
+def kernel_table(fn, n=10):
+    """The device time of fn's kernels, summed over n calls, most first (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
 
 
 if __name__ == "__main__":

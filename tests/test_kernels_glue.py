@@ -56,19 +56,55 @@ def test_short_conv_matches_pytorch(B, T, D, S):
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-6 and rel(dw, dw_ref) < 1e-6
 
 
-def test_short_conv_layer_keeps_the_tail_for_decoding(monkeypatch):
-    # the kernel path of ShortConv (taken on CUDA) returns the same tail as the PyTorch path
-    conv = mixers.ShortConv(6, 4).to(DEV)
+@pytest.mark.parametrize("H,D,l2", [(3, 16, 2), (2, 24, 2), (2, 64, 0), (1, 8, 2)])
+def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2):
+    # the fused form the layers use: x a slice of a wider projection (strided rows), y cut into
+    # contiguous q, k, v, q and k L2-normalized per head (D = 24 pads its heads to 32 lanes);
+    # against the PyTorch conv, view, F.normalize in fp64
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, S = 2, 70, 4
+    big, w = torch.randn(B, T, 3 * H * D + 5, generator=gen).double(), torch.randn(3 * H * D, S, generator=gen)
+    x = big.requires_grad_()[..., : 3 * H * D]
+    conv = mixers.ShortConv(3 * H * D, S).double()
     with torch.no_grad():
-        conv.weight.normal_()
+        conv.weight.copy_(w)
+    q, k, v = conv(x)[0].view(B, T, 3, H, D).unbind(2)
+    if l2:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    refs = [t.reshape(B, T, H * D) for t in (q, k, v)]
+    dys = [torch.randn(r.shape, generator=gen).double() for r in refs]
+    grads_ref = torch.autograd.grad(refs, (big, conv.weight), dys)
+    bigk = big.detach().float().to(DEV).requires_grad_()
+    wk = w.to(DEV).requires_grad_()
+    ys = kernels.short_conv(bigk[..., : 3 * H * D], wk, parts=3, l2_parts=l2, head_dim=D)
+    assert all(y.is_contiguous() and y.shape == (B, T, H * D) for y in ys)
+    grads = torch.autograd.grad(ys, (bigk, wk), [d.float().to(DEV) for d in dys])
+    assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(ys, refs))
+    assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(grads, grads_ref))
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "linear_attention"])
+def test_layer_heads_keep_the_tail_for_decoding(mixer, monkeypatch):
+    # a prefill through the kernel path (taken on CUDA) gives the q, k, v and the conv tail of
+    # the PyTorch path, also when the prompt is shorter than the tail
+    import model
+
+    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
+                       mixer=mixer)
+    layer = mixers.build_mixer(cfg, 0).to(DEV)
+    with torch.no_grad():
+        layer.conv.weight.normal_()
     for T in (2, 9):
-        x = torch.randn(1, T, 6, device=DEV)
-        monkeypatch.setattr(mixers, "_kernels", lambda x: kernels)
-        y, tail = conv(x)
-        monkeypatch.setattr(mixers, "_kernels", lambda x: None)
-        y_ref, tail_ref = conv(x)
-        torch.testing.assert_close(y, y_ref)
-        torch.testing.assert_close(tail, tail_ref, rtol=0, atol=0)
+        qkv = torch.randn(1, T, 3 * 32, device=DEV)
+        out = {}
+        for on in (True, False):
+            monkeypatch.setattr(mixers, "_kernels", lambda x, on=on: kernels if on else None)
+            cache = {}
+            out[on] = [t.contiguous() for t in layer.heads(qkv, cache)] + [cache["conv"]]
+        assert all(a.shape == b.shape for a, b in zip(out[True], out[False]))
+        torch.testing.assert_close(out[True], out[False])
 
 
 def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
@@ -177,7 +213,7 @@ def test_l2_normalize_matches_f_normalize():
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-5 and y[0, 0, 0].abs().max() == 0
 
 
-@pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet"])
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet", "mlstm"])
 def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     # every kernel a layer calls on a GPU (recurrence, short conv, norms), here in the interpreter,
     # against the same layer on the PyTorch path: output and all parameter gradients
