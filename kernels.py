@@ -2061,3 +2061,84 @@ def l2_normalize(x, eps=1e-24):
     """x / sqrt(|x|^2 + eps) over the last axis (fp32 inside), in x's dtype: F.normalize(x, dim=-1),
     whose floor on |x| is 1e-12 = sqrt(eps), wherever |x| is not near that floor."""
     return _NormFunction.apply(x, None, None, 1.0, eps, None)
+
+
+# Mamba-2's log decay, as Gated DeltaNet (one per head) and KDA (one per key channel) make it:
+#     g = -exp(A_log[h]) * softplus(a + dt_bias),   a [N, H * K] (K = 1: per head)
+# With x = a + dt_bias and A = exp(A_log) the backward is
+#     da = ddt_bias (before the sum over rows) = -A * sigmoid(x) * dg,   dA_log = sum(dg * g)
+# Eager PyTorch runs it as five passes and about eight backward; here one each.
+
+
+@triton.jit
+def _decay_pre(a, A_log, dt_bias, o_r, o_c, m_r, m_c, SA, K: tl.constexpr):
+    """x = a + dt_bias and A = exp(A_log[head]) at rows o_r, channels o_c (a's rows SA apart), fp32."""
+    m = m_r[:, None] & m_c[None, :]
+    b_x = tl.load(a + o_r.to(tl.int64)[:, None] * SA + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    b_x += tl.load(dt_bias + o_c, mask=m_c, other=0.0)[None, :]
+    b_A = tl.exp(tl.load(A_log + o_c // K, mask=m_c, other=0.0))[None, :]
+    b_sp = tl.where(b_x > 20.0, b_x, tl.log(1 + tl.exp(tl.minimum(b_x, 20.0))))  # softplus, F.softplus's threshold
+    return b_x, b_A, b_sp, m
+
+
+@triton.jit
+def _decay_fwd_kernel(a, A_log, dt_bias, g, N, HK, SA, K: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    o_r, o_c = tl.program_id(0) * BR + tl.arange(0, BR), tl.program_id(1) * BC + tl.arange(0, BC)
+    _, b_A, b_sp, m = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
+    tl.store(g + o_r.to(tl.int64)[:, None] * HK + o_c[None, :], -b_A * b_sp, mask=m)
+
+
+@triton.jit
+def _decay_bwd_kernel(a, A_log, dt_bias, dg, da, dAp, dbp, N, HK, SA, K: tl.constexpr, BR: tl.constexpr,
+                      BC: tl.constexpr):
+    """da [N, HK] in a's dtype; dAp, dbp [programs over rows, HK] fp32: this block's sums of
+    dg * g and of da over its rows (the caller sums them)."""
+    i_r = tl.program_id(0)
+    o_r, o_c = i_r * BR + tl.arange(0, BR), tl.program_id(1) * BC + tl.arange(0, BC)
+    b_x, b_A, b_sp, m = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
+    o = o_r.to(tl.int64)[:, None] * HK + o_c[None, :]
+    b_dg = tl.load(dg + o, mask=m, other=0.0).to(tl.float32)
+    b_dx = tl.where(b_x > 20.0, 1.0, tl.sigmoid(b_x)) * -b_A * b_dg
+    tl.store(da + o, b_dx.to(da.dtype.element_ty), mask=m)
+    tl.store(dAp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dg * -b_A * b_sp, axis=0), mask=o_c < HK)
+    tl.store(dbp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dx, axis=0), mask=o_c < HK)
+
+
+class _DecayFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, A_log, dt_bias):
+        shape, H = a.shape, A_log.shape[0]
+        N, HK = a.shape[0] * a.shape[1], dt_bias.numel()
+        rows = a.stride(0) == a.shape[1] * a.stride(1) and a[0, 0].is_contiguous()  # [N, HK] rows, strided
+        a2 = a if rows else a.contiguous()
+        A32, b32 = A_log.float().contiguous(), dt_bias.float().contiguous()
+        g = torch.empty(shape, device=a.device, dtype=torch.float32)
+        BR, BC = 64, min(64, triton.next_power_of_2(HK))
+        grid = (triton.cdiv(N, BR), triton.cdiv(HK, BC))
+        _decay_fwd_kernel[grid](a2, A32, b32, g, N, HK, a2.stride(1), K=HK // H, BR=BR, BC=BC, num_warps=4)
+        ctx.save_for_backward(a2, A32, b32)
+        ctx.dtypes = (a.dtype, A_log.dtype, dt_bias.dtype)
+        return g
+
+    @staticmethod
+    def backward(ctx, dg):
+        a, A32, b32 = ctx.saved_tensors
+        H, HK, N = A32.shape[0], b32.shape[0], a.shape[0] * a.shape[1]
+        BR, BC = 64, min(64, triton.next_power_of_2(HK))
+        grid = (triton.cdiv(N, BR), triton.cdiv(HK, BC))
+        da = torch.empty(a.shape, device=a.device, dtype=ctx.dtypes[0])
+        dAp = torch.empty(grid[0], HK, device=a.device, dtype=torch.float32)
+        dbp = torch.empty_like(dAp)
+        _decay_bwd_kernel[grid](a, A32, b32, dg.contiguous(), da, dAp, dbp, N, HK, a.stride(1), K=HK // H, BR=BR,
+                                BC=BC, num_warps=4)
+        dA = dAp.sum(0).view(H, HK // H).sum(1)
+        return da, dA.to(ctx.dtypes[1]), dbp.sum(0).to(ctx.dtypes[2])
+
+
+def softplus_decay(a, A_log, dt_bias):
+    """-exp(A_log) * softplus(a + dt_bias) in fp32 (Mamba-2's log decay, <= 0): a [B, T, H] with
+    A_log, dt_bias [H], or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (one per channel).
+    a's rows may be strided (a slice of a wider projection)."""
+    assert a.dim() in (3, 4) and A_log.shape == (a.shape[2],) and dt_bias.numel() == a[0, 0].numel(), \
+        f"a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}"
+    return _DecayFunction.apply(a, A_log, dt_bias)

@@ -491,6 +491,16 @@ class FeatureMap(nn.Module):
         return F.linear(x, self.w1, self.b1) * F.linear(x, self.w2, self.b2)
 
 
+def softplus_decay(a, A_log, dt_bias):
+    """Mamba-2's log decay -exp(A_log) * softplus(a + dt_bias) <= 0, fp32: a [B, T, H] with A_log
+    and dt_bias [H] (Gated DeltaNet), or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (KDA)."""
+    kern = _kernels(a)
+    if kern is not None:  # one kernel forward, one backward
+        return kern.softplus_decay(a, A_log, dt_bias)
+    A = A_log.exp().view(-1, *[1] * (a.dim() - 3))  # per head, over a's channels
+    return -A * F.softplus(a + dt_bias.view(a.shape[2:]))
+
+
 def _dt_bias(n):
     """Mamba-2's step init: dt log-uniform in [1e-3, 1e-1], stored as softplus^-1(dt)."""
     dt = torch.exp(torch.empty(n).uniform_(math.log(1e-3), math.log(1e-1)))
@@ -537,8 +547,10 @@ class MixerLayer(nn.Module):
         one read of x instead of one each; the same numbers). Returns qkv [B, T, 3 H D] and a
         dict from each name in x_projs to its output."""
         lins = [self.q_proj, self.k_proj, self.v_proj] + [self.get_submodule(n) for n in self.x_projs]
-        y = F.linear(x, torch.cat([lin.weight for lin in lins]))
-        qkv, *outs = y.split([3 * self.n_head * self.head_dim] + [lin.out_features for lin in lins[3:]], -1)
+        ws = [lin.weight for lin in lins]
+        pad = -sum(w.shape[0] for w in ws) % 64  # output rows a multiple of 64: GPU matmuls want aligned rows
+        y = F.linear(x, torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws))
+        qkv, *outs = y.split([3 * self.n_head * self.head_dim] + [lin.out_features for lin in lins[3:]] + [pad], -1)
         return qkv, {n: o if lin.bias is None else o + lin.bias for n, lin, o in zip(self.x_projs, lins[3:], outs)}
 
     def heads(self, qkv, cache):
@@ -718,7 +730,7 @@ class GatedDeltaNet(DeltaNet):
 
     def mix(self, p, q, k, v, rope, state, step):
         beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
-        log_a = -self.A_log.exp() * F.softplus(p["a_proj"] + self.dt_bias)  # [B, T, H], <= 0
+        log_a = softplus_decay(p["a_proj"], self.A_log, self.dt_bias)  # [B, T, H], <= 0
         if NAIVE:
             return gated_deltanet_recurrent(q, k, v, beta, log_a, state)
         return _delta(q, k, v, beta, log_a, state, step)
@@ -741,8 +753,7 @@ class KDA(DeltaNet):
 
     def mix(self, p, q, k, v, rope, state, step):
         beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
-        a = F.softplus(self.f_proj[1](p["f_proj.0"]) + self.dt_bias).view_as(k)  # [B, T, H, Dk]
-        log_a = -self.A_log.exp()[:, None] * a  # <= 0
+        log_a = softplus_decay(self.f_proj[1](p["f_proj.0"]).view_as(k), self.A_log, self.dt_bias)  # [B, T, H, Dk]
         if NAIVE:
             return kda_recurrent(q, k, v, beta, log_a, state)
         return _delta(q, k, v, beta, log_a, state, step)

@@ -213,6 +213,32 @@ def test_l2_normalize_matches_f_normalize():
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-5 and y[0, 0, 0].abs().max() == 0
 
 
+@pytest.mark.parametrize("shape,strided", [((2, 70, 3), True), ((1, 5, 2, 24), False)])
+def test_softplus_decay_matches_pytorch(shape, strided):
+    # Gated DeltaNet's gate (a [B, T, H] from a slice of a wider projection) and KDA's (per channel),
+    # with pre-activations past F.softplus's threshold of 20, against mixers' PyTorch form in fp64
+    gen = torch.Generator().manual_seed(0)
+    H, HK = shape[2], shape[2] * (shape[3] if len(shape) == 4 else 1)
+    big = 8 * torch.randn(shape[0], shape[1], HK + 7, generator=gen, dtype=torch.float64)
+    A_log, dt = torch.randn(H, generator=gen, dtype=torch.float64), torch.randn(HK, generator=gen, dtype=torch.float64)
+    big[0, 0, 0] = 30.0
+
+    def run(big, A_log, dt, kern):
+        a = big[..., :HK]
+        a = a.view(shape) if strided else a.contiguous().view(shape)
+        return kernels.softplus_decay(a, A_log, dt) if kern else mixers.softplus_decay(a, A_log, dt)
+
+    leaves = [t.clone().requires_grad_() for t in (big, A_log, dt)]
+    g_ref = run(*leaves, False)
+    dg = torch.randn(g_ref.shape, generator=gen, dtype=torch.float64)
+    grads_ref = torch.autograd.grad(g_ref, leaves, dg)
+    leaves = [t.float().to(DEV).requires_grad_() for t in (big, A_log, dt)]
+    g = run(*leaves, True)
+    grads = torch.autograd.grad(g, leaves, dg.float().to(DEV))
+    assert g.dtype == torch.float32 and rel(g.cpu(), g_ref) < 1e-6
+    assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(grads, grads_ref))
+
+
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet", "mlstm"])
 def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     # every kernel a layer calls on a GPU (recurrence, short conv, norms), here in the interpreter,
