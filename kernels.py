@@ -40,8 +40,10 @@ Sections:
     2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
     3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
-    5. Training glue, fused: short_conv (mixers.ShortConv), distill_loss_grad (distill.py's stage-3 loss),
-       rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k)
+    5. Training glue, fused: short_conv (mixers.ShortConv; also cutting q, k, v into heads and
+       L2-normalizing q and k), distill_loss_grad (distill.py's stage-3 loss), rms_norm_gate (the
+       mixers' output norm and gate), l2_normalize (the delta rules' q and k without a conv),
+       softplus_decay (the log decay of Gated DeltaNet and KDA)
 """
 
 import torch
@@ -1676,17 +1678,22 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 
 
 # -----------------------------------------------------------------------------
-# 5. Training glue: the short convolution, the distillation loss and the norms, fused
+# 5. Training glue: the short convolution, the distillation loss, the norms and the decay, fused
 #
-# Pieces of a training step that PyTorch runs as chains of memory-bound passes (the norms,
-# rms_norm_gate and l2_normalize, have their own note further down):
+# Pieces of a training step that PyTorch runs as chains of memory-bound passes, or as many
+# small launches, which bound the step of a small model by the host (the norms, rms_norm_gate
+# and l2_normalize, and softplus_decay have their own notes further down):
 #
 #   short_conv    y = silu(causal depthwise conv over time), the short conv in front of every
 #                 mixer (mixers.ShortConv). cuDNN's depthwise conv and its backward, plus the
 #                 padding, transposes and SiLU around it, cost about as much as the delta rule's
 #                 own kernels at (B, T) = (8, 2048). Here: one kernel reads x once and writes y;
 #                 backward, one kernel recomputes the pre-activation and writes its gradient da,
-#                 a second writes dx and per-block partial sums of dw from da and x.
+#                 a second writes dx and per-block partial sums of dw from da and x. For the
+#                 layers, the same kernels read q, k, v as a slice of the stacked projection,
+#                 write them as three contiguous tensors and L2-normalize q and k per head
+#                 (channel blocks are whole heads), which replaces a view, three copies and two
+#                 norms, forward and backward.
 #   distill_loss_grad
 #                 ce_weight * CE(z, y) + kl_weight * T^2 KL(softmax(t / T) || softmax(z / T))
 #                 per row of logits z (student) and t (teacher), [N, V]. One program per row

@@ -21,8 +21,8 @@ One layout everywhere: q, k [B, T, H, Dk], v [B, T, H, Dv], state [B, H, Dk, Dv]
 every function returns (output, final_state). A log decay g <= 0 comes as None (no decay), [H]
 (constant per head), [B, T, H] (per head and token) or [B, T, H, Dk] (per key channel).
 Two switches: USE_KERNELS (off with env LINEARIZE_KERNELS=0) sends CUDA tensors to kernels.py
-(the recurrences, the short conv, the output norm and gate, the L2 norm of q and k, and
-distill.py's stage-3 loss);
+(the recurrences, the short conv with the cut into heads and the L2 norm of q and k, the output
+norm and gate, the log decay of Gated DeltaNet and KDA, and distill.py's stage-3 loss);
 NAIVE makes the layers run the textbook recurrences of section 1 instead of the chunked form.
 
 References:

@@ -10,6 +10,7 @@ the compiled kernel asks for.
 
     python scripts/kernel_smem.py                            # both families, fp32 and bf16, Dk 64 and 128
     python scripts/kernel_smem.py --dtypes=fp32 --dims=128 --families=delta
+    python scripts/kernel_smem.py --families=glue            # section 5 (the short conv, norms, loss)
 
 Prints one line per compiled launch and exits with status 1 when one does not fit. Big kernels
 take 5 to 15 s each to compile on a CPU. tests/test_kernels_compile.py checks a subset.
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 
 
-def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta"), kernels_=None):
+def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta", "glue"), kernels_=None):
     """Run the public functions in Triton's interpreter; the distinct launches they make, as
     [kernel name, {argument: ["ptr", "*<dtype>"] or ["val", value]}, {num_warps, num_stages}].
     kernels_: keep only launches of these kernel names. Needs TRITON_INTERPRET=1 before triton
@@ -39,12 +40,13 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
     from gradients import run_and_grad
 
     names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+    ptr_types = {**names, torch.float64: "fp64", torch.int64: "i64", torch.int32: "i32"}
     found, run = {}, interpreter.InterpretedFunction.run
 
     def spy(self, *args, grid, warmup, **kwargs):
         values = dict(zip(self.arg_names, args), **kwargs)
         opts = {"num_warps": values.pop("num_warps", 4), "num_stages": values.pop("num_stages", 3)}
-        enc = {n: ["ptr", "*" + names.get(v.dtype, "fp32")] if torch.is_tensor(v) else ["val", v]
+        enc = {n: ["ptr", "*" + ptr_types[v.dtype]] if torch.is_tensor(v) else ["val", v]
                for n, v in values.items()}
         if kernels_ is None or self.fn.__name__ in kernels_:
             launch = [self.fn.__name__, enc, opts]
@@ -75,9 +77,35 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
                         run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht)
                     if "delta" in families and gate != "const":  # the delta rule's gate is per step
                         run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
+                if "glue" in families:  # section 5, at this head size
+                    glue(kernels, rnd, dtype, B, T, H, D)
     finally:
         interpreter.InterpretedFunction.run = run
     return list(found.values())
+
+
+def glue(kernels, rnd, dtype, B, T, H, D):
+    """Section 5's kernels, forward and backward: the short conv plain and cutting q, k, v with
+    L2 norms, the output norm with each gate, the L2 norm, the log decay (per head and per
+    channel) and the distillation loss."""
+    import torch
+
+    def backward(out):
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+
+    leaf = lambda *s: rnd(*s).to(dtype).requires_grad_()  # noqa: E731
+    w = rnd(3 * H * D, 4).requires_grad_()
+    backward(kernels.short_conv(leaf(B, T, 3 * H * D), w))
+    backward(kernels.short_conv(leaf(B, T, 3 * H * D + 8)[..., : 3 * H * D], w, parts=3, l2_parts=2, head_dim=D))
+    for act in (None, "silu", "sigmoid"):
+        backward(kernels.rms_norm_gate(leaf(B, T, H, D), rnd(D).requires_grad_(), None if act is None else
+                                       leaf(B, T, H, D), act))
+    backward(kernels.l2_normalize(leaf(B, T, H, D)))
+    backward(kernels.softplus_decay(leaf(B, T, H), rnd(H).requires_grad_(), rnd(H).requires_grad_()))
+    backward(kernels.softplus_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_()))
+    y = torch.randint(0, 100, (B * T,))
+    kernels.distill_loss_grad(leaf(B * T, 100), rnd(B * T, 100).to(dtype), y)
 
 
 def compile_all(found, jobs=2):
@@ -128,7 +156,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--dims", default="64,128", help="head sizes Dk = Dv")
-    ap.add_argument("--families", default="additive,delta")
+    ap.add_argument("--families", default="additive,delta,glue")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -12,7 +12,8 @@ the weights), under bf16 autocast as train.py runs them:
 
 Each row is the mean wall time of 10 calls after 3 warm-ups, synchronized, so it counts the
 Python and the kernel launches as a training step does; peak memory is the most allocated
-during the row. Prints a markdown table as the rows finish (--out also appends it to a file).
+during the row. Two last rows time one layer of each kind at batch 1, length 64, where the
+GPU has almost no work: the host time (Python and launches) that bounds a step of a small model. Prints a markdown table as the rows finish (--out also appends it to a file).
 """
 
 import argparse
@@ -126,11 +127,34 @@ def main():
     row("  short conv, PyTorch (F.conv1d and SiLU), forward and backward",
         lambda: conv(qkv, tail)[0].float().sum().backward())
     row("  short conv, kernel, forward and backward", lambda: kernels.short_conv(qkv, w).float().sum().backward())
+    for name, mod in ((args.mixer, mixer), ("softmax attention", lm.model.layers[0].self_attn)):
+        host_row(f"  host time of one {name} layer, forward and backward, batch 1, length 64", mod, student, emit)
     if args.profile:
         for name, mod in ((args.mixer, mixer), ("attention", lm.model.layers[0].self_attn)):
             emit(f"\n### the kernels of one {name} layer, forward and backward (10 calls)\n```")
             emit(kernel_table(layer(mod)))
             emit("```")
+
+
+def host_row(name, mod, net, emit, n=50):
+    """The time a layer's forward and backward take when the GPU has almost no work: the Python
+    and the kernel launches alone (what bounds a step of a small model)."""
+    h = torch.randn(1, 64, net.config.n_embd, device="cuda", requires_grad=True)
+    rope = net.rope(64, device="cuda")
+
+    def run():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            o = mod(h, rope)
+        o.float().sum().backward()
+
+    for _ in range(5):
+        run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run()
+    torch.cuda.synchronize()
+    emit(f"| {name} | {(time.perf_counter() - t0) / n * 1000:.2f} ms | |")
 
 
 def kernel_table(fn, n=10):
