@@ -1736,39 +1736,39 @@ def _conv_pre(x, w, o_t, o_d, m_d, T, SX, S: tl.constexpr, BT: tl.constexpr, BD:
 
 
 @triton.jit
-def _conv_head_rnorm(b_y, BT: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
-    """1 / |y| over each head's lanes of b_y [BT, NH * EP] (padding lanes hold 0), spread back
-    over those lanes; the floor on |y|^2 is 1e-24, as l2_normalize's."""
-    b_ss = tl.sum(tl.reshape(b_y * b_y, [BT, NH, EP]), axis=2)  # [BT, NH]
-    b_r = tl.broadcast_to((1 / tl.sqrt(b_ss + 1e-24))[:, :, None], [BT, NH, EP])
-    return tl.reshape(b_r, [BT, NH * EP])
+def _head_sum(b, BT: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
+    """The sum over each head's lanes of b [BT, NH * EP], spread back over those lanes."""
+    b_s = tl.sum(tl.reshape(b, [BT, NH, EP]), axis=2)  # [BT, NH]
+    return tl.reshape(tl.broadcast_to(b_s[:, :, None], [BT, NH, EP]), [BT, NH * EP])
 
 
 @triton.jit
-def _conv_out(o_t, o_d, i_b, T, DP):
+def _conv_out(o_t, o_d, i_b, B, T, DP):
     """Offsets in the output [P, B, T, DP] (the channels cut into P parts of DP) of rows o_t,
     channels o_d, sequence i_b."""
     o_p = (o_d // DP).to(tl.int64)
     o_row = (i_b * T + o_t).to(tl.int64)
-    return (o_p * (tl.num_programs(2) * T) * DP)[None, :] + o_row[:, None] * DP + (o_d % DP)[None, :]
+    return (o_p * B * T * DP)[None, :] + o_row[:, None] * DP + (o_d % DP)[None, :]
 
 
 @triton.jit
-def _conv_fwd_kernel(x, w, y, T, D, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
+def _conv_fwd_kernel(x, w, y, B, T, D, SB, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
                      EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
     """y = silu(conv) for one (time block, channel block, sequence); channels below L2D then
-    divided by their head's norm (when L2). x [B, T, D] with rows SX apart; w [D, S] fp32."""
+    divided by their head's norm, floored at 1e-12 as l2_normalize (when L2). x [B, T, D] with
+    sequences SB and rows SX elements apart, channels contiguous; w [D, S] fp32."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
     o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
-    b_y, _ = _act(_conv_pre(x + i_b.to(tl.int64) * T * SX, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP), 1)  # silu
+    b_y, _ = _act(_conv_pre(x + i_b.to(tl.int64) * SB, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP), 1)  # silu
     if L2:
-        b_y = tl.where((o_d < L2D)[None, :], b_y * _conv_head_rnorm(b_y, BT, EP, NH), b_y)
-    tl.store(y + _conv_out(o_t, o_d, i_b, T, DP), b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+        b_r = 1 / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
+        b_y = tl.where((o_d < L2D)[None, :], b_y * b_r, b_y)
+    tl.store(y + _conv_out(o_t, o_d, i_b, B, T, DP), b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
 @triton.jit
-def _conv_da_kernel(x, w, dy, da, T, D, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
+def _conv_da_kernel(x, w, dy, da, B, T, D, SB, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
                     EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
     """The gradient at the pre-activation, da [B, T, D] contiguous, from dy laid out as y, the
     pre-activation recomputed. Through a head's L2 norm, with yh = y r:
@@ -1777,30 +1777,28 @@ def _conv_da_kernel(x, w, dy, da, T, D, SX, DP, L2D, S: tl.constexpr, BT: tl.con
     o_t = i_t * BT + tl.arange(0, BT)
     o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
     m = (o_t < T)[:, None] & m_d[None, :]
-    b_a = _conv_pre(x + i_b.to(tl.int64) * T * SX, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP)
-    b_dy = tl.load(dy + _conv_out(o_t, o_d, i_b, T, DP), mask=m, other=0.0).to(tl.float32)
+    b_a = _conv_pre(x + i_b.to(tl.int64) * SB, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP)
+    b_dy = tl.load(dy + _conv_out(o_t, o_d, i_b, B, T, DP), mask=m, other=0.0).to(tl.float32)
     b_y, b_ds = _act(b_a, 1)  # silu(a), silu'(a)
     if L2:
-        b_r = _conv_head_rnorm(b_y, BT, EP, NH)
+        b_r = 1 / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
         b_yh = b_y * b_r
-        b_dot = tl.sum(tl.reshape(b_dy * b_yh, [BT, NH, EP]), axis=2)  # [BT, NH]
-        b_dot = tl.reshape(tl.broadcast_to(b_dot[:, :, None], [BT, NH, EP]), [BT, NH * EP])
-        b_dy = tl.where((o_d < L2D)[None, :], b_r * (b_dy - b_yh * b_dot), b_dy)
+        b_dy = tl.where((o_d < L2D)[None, :], b_r * (b_dy - b_yh * _head_sum(b_dy * b_yh, BT, EP, NH)), b_dy)
     o_da = (i_b * T + o_t).to(tl.int64)[:, None] * D + o_d[None, :]
     tl.store(da + o_da, (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SX, NT, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
+def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, NT, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
                      EP: tl.constexpr, NH: tl.constexpr):
     """dx [B, T, D] (contiguous) and this block's share of dw, dwp [B * NT, S, D] fp32 (summed
     by the caller). x at row t feeds output row t + (S-1) - j through tap j, so
     dx_t = sum_j w_j da_{t+S-1-j}; dw_j = sum_t da_t x_{t-(S-1)+j}."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    x += i_b.to(tl.int64) * T * SX
+    x += i_b.to(tl.int64) * SB
     base = i_b.to(tl.int64) * T * D
     da, dx = da + base, dx + base
-    o_t = i_t * BT + tl.arange(0, BT)
+    o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
     o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
     b_dx = tl.zeros([BT, NH * EP], dtype=tl.float32)
     p_dw = dwp + (i_b * NT + i_t).to(tl.int64) * S * D
@@ -1840,8 +1838,8 @@ class _ShortConvFunction(torch.autograd.Function):
         E, EP, NH = _conv_heads(head_dim)
         y = torch.empty(parts, B, T, DP, device=x.device, dtype=x.dtype)
         grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, NH * E), B)
-        _conv_fwd_kernel[grid](x, w32, y, T, D, x.stride(1), DP, l2_parts * DP, S=S, BT=_CONV_BT, E=E, EP=EP,
-                               NH=NH, L2=l2_parts > 0, num_warps=4)
+        _conv_fwd_kernel[grid](x, w32, y, B, T, D, x.stride(0), x.stride(1), DP, l2_parts * DP, S=S, BT=_CONV_BT,
+                               E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=4)
         ctx.save_for_backward(x, w32)
         ctx.w_dtype, ctx.heads, ctx.l2_parts = w.dtype, (E, EP, NH), l2_parts
         return y.unbind(0)
@@ -1853,13 +1851,14 @@ class _ShortConvFunction(torch.autograd.Function):
         (E, EP, NH), parts = ctx.heads, len(dys)
         S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
         grid = (NT, triton.cdiv(D, NH * E), B)
-        dy = torch.stack([x.new_zeros(B, T, D // parts) if d is None else d for d in dys])
+        dy = torch.stack(dys)  # autograd hands zeros for an output that got no gradient
         da = torch.empty(B, T, D, device=x.device, dtype=dy.dtype)
         dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
         dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
-        _conv_da_kernel[grid](x, w32, dy, da, T, D, x.stride(1), D // parts, ctx.l2_parts * D // parts, S=S,
+        SB, SX = x.stride(0), x.stride(1)
+        _conv_da_kernel[grid](x, w32, dy, da, B, T, D, SB, SX, D // parts, ctx.l2_parts * D // parts, S=S,
                               BT=_CONV_BT, E=E, EP=EP, NH=NH, L2=ctx.l2_parts > 0, num_warps=4)
-        _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, x.stride(1), NT, S=S, BT=_CONV_BT, E=E, EP=EP, NH=NH,
+        _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, SB, SX, NT, S=S, BT=_CONV_BT, E=E, EP=EP, NH=NH,
                                num_warps=4)
         return dx, dwp.sum(0).t().to(ctx.w_dtype), None, None, None
 
@@ -1867,7 +1866,7 @@ class _ShortConvFunction(torch.autograd.Function):
 def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None):
     """silu(causal depthwise conv1d over time) from a zero past, as mixers.ShortConv without a tail.
 
-    x [B, T, D] (its rows may be strided, as a slice of a wider projection); weight [D, S] (tap
+    x [B, T, D] (any strides with contiguous channels: a slice of a wider projection); weight [D, S] (tap
     S-1 multiplies the current token). Returns y [B, T, D] in x's dtype; the sums run in fp32
     with the fp32 weights. With parts > 1, y comes cut along the channels into that many
     contiguous [B, T, D / parts] tensors (q, k, v from one projection, with no copy), and with
@@ -1972,27 +1971,30 @@ _NORM_ACTS = {None: 0, "silu": 1, "sigmoid": 2}
 
 
 @triton.jit
-def _norm_fwd_kernel(x, w, z, y, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
+def _norm_fwd_kernel(x, w, z, y, N, D, ZH, SZ, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
                      BR: tl.constexpr, BD: tl.constexpr):
-    """x, z, y [N, D] contiguous; w [D] or unused. One program: BR rows."""
+    """x, y [N, D] contiguous; z [N, D] in groups of ZH rows, the groups SZ elements apart (the
+    heads of a token in a slice of a wider projection); w [D] or unused. One program: BR rows."""
     c, eps = tl.cast(c, tl.float32), tl.cast(eps, tl.float32)  # fp64 under torch.compile
     o_r, o_d = tl.program_id(0) * BR + tl.arange(0, BR), tl.arange(0, BD)
     m = (o_r < N)[:, None] & (o_d < D)[None, :]
     o = o_r.to(tl.int64)[:, None] * D + o_d[None, :]
+    o_z = _norm_z_rows(o_r, D, ZH, SZ)[:, None] + o_d[None, :]
     b_x = tl.load(x + o, mask=m, other=0.0).to(tl.float32)
     b_y = b_x / tl.sqrt(c * tl.sum(b_x * b_x, axis=1) + eps)[:, None]
     if HAS_W:
         b_y *= tl.load(w + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
     if ACT > 0:
-        b_a, _ = _act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
+        b_a, _ = _act(tl.load(z + o_z, mask=m, other=0.0).to(tl.float32), ACT)
         b_y *= b_a
     tl.store(y + o, b_y.to(y.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
+def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, ZH, SZ, c, eps, HAS_W: tl.constexpr, ACT: tl.constexpr,
                      BR: tl.constexpr, BD: tl.constexpr):
-    """dx, dz [N, D]; dwp [programs, D] fp32, this program's share of dw (summed by the caller)."""
+    """dx, dz [N, D] contiguous (z read as in the forward); dwp [programs, D] fp32, this
+    program's share of dw (summed by the caller)."""
     c, eps = tl.cast(c, tl.float32), tl.cast(eps, tl.float32)  # fp64 under torch.compile
     i_p = tl.program_id(0)
     o_r, o_d = i_p * BR + tl.arange(0, BR), tl.arange(0, BD)
@@ -2008,7 +2010,8 @@ def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, c, eps, HAS_W: tl.constexpr
         b_w = tl.load(w + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
         b_yn = b_xh * b_w
     if ACT > 0:  # the gate's gradient, then the gradient through it
-        b_a, b_da = _act(tl.load(z + o, mask=m, other=0.0).to(tl.float32), ACT)
+        b_a, b_da = _act(tl.load(z + _norm_z_rows(o_r, D, ZH, SZ)[:, None] + o_d[None, :], mask=m, other=0.0)
+                         .to(tl.float32), ACT)
         tl.store(dz + o, (b_dy * b_yn * b_da).to(dz.dtype.element_ty), mask=m)
         b_dy *= b_a
     b_dxh = b_dy
@@ -2017,6 +2020,25 @@ def _norm_bwd_kernel(x, w, z, dy, dx, dwp, dz, N, D, c, eps, HAS_W: tl.constexpr
         b_dxh = b_dy * b_w
     b_dx = b_r[:, None] * (b_dxh - c * b_xh * tl.sum(b_dxh * b_xh, axis=1)[:, None])
     tl.store(dx + o, b_dx.to(dx.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _norm_z_rows(o_r, D, ZH, SZ):
+    """The offsets of rows o_r of z: row r is head r % ZH of group r // ZH."""
+    o_r = o_r.to(tl.int64)
+    return (o_r // ZH) * SZ + (o_r % ZH) * D
+
+
+def _norm_gate_rows(z, D):
+    """z [..., H, D] as (tensor, ZH, SZ) for the kernels: groups of ZH rows of D contiguous
+    channels, SZ elements apart, without a copy where z's strides allow (a gate sliced from a
+    wider projection), else a contiguous copy."""
+    if z is None:
+        return None, 1, D
+    zr = z.reshape(-1, *z.shape[-2:]) if z.dim() > 2 else z.reshape(-1, 1, D)  # [groups, heads, D], a view if it can
+    if zr.stride(2) != 1 or zr.stride(1) != D:
+        zr = zr.contiguous()
+    return zr, zr.shape[1], zr.stride(0)
 
 
 def _norm_rows(D):
@@ -2030,14 +2052,15 @@ class _NormFunction(torch.autograd.Function):
     def forward(ctx, x, w, z, c, eps, act):
         shape, D = x.shape, x.shape[-1]
         x = x.reshape(-1, D).contiguous()
-        z = None if z is None else z.reshape(-1, D).contiguous()
+        z, ZH, SZ = _norm_gate_rows(z, D)
         N = x.shape[0]
         BR, BD = _norm_rows(D)
         y = torch.empty_like(x)
-        _norm_fwd_kernel[(triton.cdiv(N, BR),)](x, x if w is None else w, x if z is None else z, y, N, D, c, eps,
-                                                HAS_W=w is not None, ACT=_NORM_ACTS[act], BR=BR, BD=BD, num_warps=4)
+        _norm_fwd_kernel[(triton.cdiv(N, BR),)](x, x if w is None else w, x if z is None else z, y, N, D, ZH, SZ, c,
+                                                eps, HAS_W=w is not None, ACT=_NORM_ACTS[act], BR=BR, BD=BD,
+                                                num_warps=4)
         ctx.save_for_backward(x, w, z)
-        ctx.c, ctx.eps, ctx.act, ctx.shape = c, eps, act, shape
+        ctx.c, ctx.eps, ctx.act, ctx.shape, ctx.z_rows = c, eps, act, shape, (ZH, SZ)
         return y.view(shape)
 
     @staticmethod
@@ -2047,11 +2070,11 @@ class _NormFunction(torch.autograd.Function):
         BR, BD = _norm_rows(D)
         grid = triton.cdiv(N, BR)
         dx = torch.empty_like(x)
-        dz = None if z is None else torch.empty_like(z)
+        dz = None if z is None else torch.empty(N, D, device=z.device, dtype=z.dtype)
         dwp = None if w is None else torch.empty(grid, D, device=x.device, dtype=torch.float32)
         _norm_bwd_kernel[(grid,)](x, x if w is None else w, x if z is None else z, dy.reshape(-1, D).contiguous(),
-                                  dx, x if dwp is None else dwp, x if dz is None else dz, N, D, ctx.c, ctx.eps,
-                                  HAS_W=w is not None, ACT=_NORM_ACTS[ctx.act], BR=BR, BD=BD, num_warps=4)
+                                  dx, x if dwp is None else dwp, x if dz is None else dz, N, D, *ctx.z_rows, ctx.c,
+                                  ctx.eps, HAS_W=w is not None, ACT=_NORM_ACTS[ctx.act], BR=BR, BD=BD, num_warps=4)
         dw = None if w is None else dwp.sum(0).to(w.dtype)
         dz = None if z is None else dz.view(ctx.shape)
         return dx.view(ctx.shape), dw, dz, None, None, None
@@ -2080,19 +2103,20 @@ def l2_normalize(x, eps=1e-24):
 @triton.jit
 def _decay_pre(a, A_log, dt_bias, o_r, o_c, m_r, m_c, SA, K: tl.constexpr):
     """x = a + dt_bias and A = exp(A_log[head]) at rows o_r, channels o_c (a's rows SA apart), fp32."""
-    m = m_r[:, None] & m_c[None, :]
-    b_x = tl.load(a + o_r.to(tl.int64)[:, None] * SA + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    m_x = m_r[:, None] & m_c[None, :]
+    b_x = tl.load(a + o_r.to(tl.int64)[:, None] * SA + o_c[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_x += tl.load(dt_bias + o_c, mask=m_c, other=0.0)[None, :]
     b_A = tl.exp(tl.load(A_log + o_c // K, mask=m_c, other=0.0))[None, :]
-    b_sp = tl.where(b_x > 20.0, b_x, tl.log(1 + tl.exp(tl.minimum(b_x, 20.0))))  # softplus, F.softplus's threshold
-    return b_x, b_A, b_sp, m
+    # softplus: x past F.softplus's threshold of 20; exp(x) where 1 + exp(x) rounds to 1 in fp32
+    b_sp = tl.where(b_x > 20.0, b_x, tl.where(b_x < -15.0, tl.exp(b_x), tl.log(1 + tl.exp(tl.minimum(b_x, 20.0)))))
+    return b_x, b_A, b_sp, m_x
 
 
 @triton.jit
 def _decay_fwd_kernel(a, A_log, dt_bias, g, N, HK, SA, K: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
     o_r, o_c = tl.program_id(0) * BR + tl.arange(0, BR), tl.program_id(1) * BC + tl.arange(0, BC)
-    _, b_A, b_sp, m = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
-    tl.store(g + o_r.to(tl.int64)[:, None] * HK + o_c[None, :], -b_A * b_sp, mask=m)
+    _, b_A, b_sp, m_x = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
+    tl.store(g + o_r.to(tl.int64)[:, None] * HK + o_c[None, :], -b_A * b_sp, mask=m_x)
 
 
 @triton.jit
@@ -2102,11 +2126,11 @@ def _decay_bwd_kernel(a, A_log, dt_bias, dg, da, dAp, dbp, N, HK, SA, K: tl.cons
     dg * g and of da over its rows (the caller sums them)."""
     i_r = tl.program_id(0)
     o_r, o_c = i_r * BR + tl.arange(0, BR), tl.program_id(1) * BC + tl.arange(0, BC)
-    b_x, b_A, b_sp, m = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
-    o = o_r.to(tl.int64)[:, None] * HK + o_c[None, :]
-    b_dg = tl.load(dg + o, mask=m, other=0.0).to(tl.float32)
+    b_x, b_A, b_sp, m_x = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
+    o_x = o_r.to(tl.int64)[:, None] * HK + o_c[None, :]
+    b_dg = tl.load(dg + o_x, mask=m_x, other=0.0).to(tl.float32)
     b_dx = tl.where(b_x > 20.0, 1.0, tl.sigmoid(b_x)) * -b_A * b_dg
-    tl.store(da + o, b_dx.to(da.dtype.element_ty), mask=m)
+    tl.store(da + o_x, b_dx.to(da.dtype.element_ty), mask=m_x)
     tl.store(dAp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dg * -b_A * b_sp, axis=0), mask=o_c < HK)
     tl.store(dbp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dx, axis=0), mask=o_c < HK)
 

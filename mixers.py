@@ -472,9 +472,9 @@ class ShortConv(nn.Module):
         y = F.conv1d(x.transpose(1, 2), self.weight[:, None, :].to(x.dtype), groups=x.shape[2])  # [B, dim, T]
         return F.silu(y.transpose(1, 2)), self.last(x)
 
-    def last(self, x):  # the tail after x [B, T, dim] from a zero past: its last size-1 inputs
+    def last(self, x):  # the tail after x [B, T, dim] from a zero past: its last size-1 inputs, a new tensor
         n = self.weight.shape[1] - 1
-        return F.pad(x, (0, 0, max(0, n - x.shape[1]), 0))[:, -n:] if n else x[:, :0]
+        return F.pad(x[:, max(0, x.shape[1] - n) :], (0, 0, max(0, n - x.shape[1]), 0))
 
 
 class FeatureMap(nn.Module):
@@ -544,8 +544,8 @@ class MixerLayer(nn.Module):
 
     def project(self, x):
         """Every nn.Linear that reads x, in one matmul over their stacked weights (one launch and
-        one read of x instead of one each; the same numbers). Returns qkv [B, T, 3 H D] and a
-        dict from each name in x_projs to its output."""
+        one read of x instead of one each; the same products, biases added after the matmul).
+        Returns qkv [B, T, 3 H D] and a dict from each name in x_projs to its output."""
         lins = [self.q_proj, self.k_proj, self.v_proj] + [self.get_submodule(n) for n in self.x_projs]
         ws = [lin.weight for lin in lins]
         pad = -sum(w.shape[0] for w in ws) % 64  # output rows a multiple of 64: GPU matmuls want aligned rows

@@ -46,6 +46,9 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
     def spy(self, *args, grid, warmup, **kwargs):
         values = dict(zip(self.arg_names, args), **kwargs)
         opts = {"num_warps": values.pop("num_warps", 4), "num_stages": values.pop("num_stages", 3)}
+        for n, v in values.items():
+            if torch.is_tensor(v) and v.dtype not in ptr_types:
+                raise TypeError(f"{self.fn.__name__}: argument {n} is a {v.dtype} tensor, not one of {list(ptr_types)}")
         enc = {n: ["ptr", "*" + ptr_types[v.dtype]] if torch.is_tensor(v) else ["val", v]
                for n, v in values.items()}
         if kernels_ is None or self.fn.__name__ in kernels_:
@@ -92,7 +95,8 @@ def glue(kernels, rnd, dtype, B, T, H, D):
 
     def backward(out):
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        torch.autograd.backward([o for o in outs if o.requires_grad], [torch.ones_like(o) for o in outs if o.requires_grad])
+        outs = [o for o in outs if o.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
     leaf = lambda *s: rnd(*s).to(dtype).requires_grad_()  # noqa: E731
     w = rnd(3 * H * D, 4).requires_grad_()

@@ -8,12 +8,13 @@ the weights), under bf16 autocast as train.py runs them:
 
     python scripts/step_parts.py                          # gated_deltanet, batch 8, length 2048
     python scripts/step_parts.py --mixer=kda --T=4096 --B=4
-    python scripts/step_parts.py --profile                # and the kernels of one layer of each kind
+    python scripts/step_parts.py --profile          # and the kernels of one layer of each kind
 
 Each row is the mean wall time of 10 calls after 3 warm-ups, synchronized, so it counts the
 Python and the kernel launches as a training step does; peak memory is the most allocated
 during the row. Two last rows time one layer of each kind at batch 1, length 64, where the
-GPU has almost no work: the host time (Python and launches) that bounds a step of a small model. Prints a markdown table as the rows finish (--out also appends it to a file).
+GPU has almost no work: the host time (Python and launches) that bounds a step of a small
+model. Prints a markdown table as the rows finish (--out also appends it to a file).
 """
 
 import argparse
@@ -126,7 +127,8 @@ def main():
     row(f"  one {args.mixer} layer, forward and backward", layer(mixer))
     row("  short conv, PyTorch (F.conv1d and SiLU), forward and backward",
         lambda: conv(qkv, tail)[0].float().sum().backward())
-    row("  short conv, kernel, forward and backward", lambda: kernels.short_conv(qkv, w).float().sum().backward())
+    row("  short conv, kernel (one output, not cut into heads), forward and backward",
+        lambda: kernels.short_conv(qkv, w).float().sum().backward())
     for name, mod in ((args.mixer, mixer), ("softmax attention", lm.model.layers[0].self_attn)):
         host_row(f"  host time of one {name} layer, forward and backward, batch 1, length 64", mod, student, emit)
     if args.profile:

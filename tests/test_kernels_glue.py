@@ -56,17 +56,18 @@ def test_short_conv_matches_pytorch(B, T, D, S):
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-6 and rel(dw, dw_ref) < 1e-6
 
 
-@pytest.mark.parametrize("H,D,l2", [(3, 16, 2), (2, 24, 2), (2, 64, 0), (1, 8, 2)])
-def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2):
-    # the fused form the layers use: x a slice of a wider projection (strided rows), y cut into
-    # contiguous q, k, v, q and k L2-normalized per head (D = 24 pads its heads to 32 lanes);
-    # against the PyTorch conv, view, F.normalize in fp64
+@pytest.mark.parametrize("H,D,l2,t0", [(3, 16, 2, 0), (2, 24, 2, 0), (2, 64, 0, 0), (1, 8, 2, 3)])
+def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2, t0):
+    # the fused form the layers use: x a slice of a wider projection (strided rows; with t0 > 0
+    # also cut in time, so that sequences are not T rows apart), y cut into contiguous q, k, v,
+    # q and k L2-normalized per head (D = 24 pads its heads to 32 lanes); against the PyTorch
+    # conv, view, F.normalize in fp64
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(0)
     B, T, S = 2, 70, 4
-    big, w = torch.randn(B, T, 3 * H * D + 5, generator=gen).double(), torch.randn(3 * H * D, S, generator=gen)
-    x = big.requires_grad_()[..., : 3 * H * D]
+    big, w = torch.randn(B, T + t0, 3 * H * D + 5, generator=gen).double(), torch.randn(3 * H * D, S, generator=gen)
+    x = big.requires_grad_()[:, t0:, : 3 * H * D]
     conv = mixers.ShortConv(3 * H * D, S).double()
     with torch.no_grad():
         conv.weight.copy_(w)
@@ -78,7 +79,7 @@ def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2):
     grads_ref = torch.autograd.grad(refs, (big, conv.weight), dys)
     bigk = big.detach().float().to(DEV).requires_grad_()
     wk = w.to(DEV).requires_grad_()
-    ys = kernels.short_conv(bigk[..., : 3 * H * D], wk, parts=3, l2_parts=l2, head_dim=D)
+    ys = kernels.short_conv(bigk[:, t0:, : 3 * H * D], wk, parts=3, l2_parts=l2, head_dim=D)
     assert all(y.is_contiguous() and y.shape == (B, T, H * D) for y in ys)
     grads = torch.autograd.grad(ys, (bigk, wk), [d.float().to(DEV) for d in dys])
     assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(ys, refs))
@@ -199,6 +200,21 @@ def test_rms_norm_gate_matches_pytorch(N, D, act):
     assert rel(y, y_ref) < 1e-6 and all(rel(g, r) < 1e-5 for g, r in zip(grads, refs))
 
 
+def test_rms_norm_gate_reads_a_strided_gate():
+    # the layers' gate z is a slice of the stacked projection: the same result as a contiguous z
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, D = 2, 5, 3, 16
+    x, dy = torch.randn(B, T, H, D, generator=gen), torch.randn(B, T, H, D, generator=gen)
+    big, w = torch.randn(B, T, H * D + 7, generator=gen), torch.randn(D, generator=gen)
+    out = []
+    for strided in (True, False):
+        xk, bigk, wk = (t.clone().to(DEV).requires_grad_() for t in (x, big, w))
+        z = bigk[..., : H * D].reshape(B, T, H, D)
+        y = kernels.rms_norm_gate(xk, wk, z if strided else z.contiguous(), "silu")
+        out.append([y] + list(torch.autograd.grad(y, (xk, bigk, wk), dy.to(DEV))))
+    assert all(rel(a.cpu(), b.cpu()) < 1e-6 for a, b in zip(*out))
+
+
 def test_l2_normalize_matches_f_normalize():
     gen = torch.Generator().manual_seed(0)
     x, dy = torch.randn(2, 7, 3, 64, generator=gen), torch.randn(2, 7, 3, 64, generator=gen)
@@ -221,7 +237,7 @@ def test_softplus_decay_matches_pytorch(shape, strided):
     H, HK = shape[2], shape[2] * (shape[3] if len(shape) == 4 else 1)
     big = 8 * torch.randn(shape[0], shape[1], HK + 7, generator=gen, dtype=torch.float64)
     A_log, dt = torch.randn(H, generator=gen, dtype=torch.float64), torch.randn(HK, generator=gen, dtype=torch.float64)
-    big[0, 0, 0] = 30.0
+    big[0, 0, 0], big[0, 1, 0] = 30.0, -25.0  # past the threshold; where 1 + exp(x) rounds to 1
 
     def run(big, A_log, dt, kern):
         a = big[..., :HK]
@@ -236,10 +252,12 @@ def test_softplus_decay_matches_pytorch(shape, strided):
     g = run(*leaves, True)
     grads = torch.autograd.grad(g, leaves, dg.float().to(DEV))
     assert g.dtype == torch.float32 and rel(g.cpu(), g_ref) < 1e-6
+    assert g.flatten()[HK] < 0 and abs(g.flatten()[HK].item() / g_ref.flatten()[HK].item() - 1) < 1e-5
     assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(grads, grads_ref))
 
 
-@pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet", "mlstm"])
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet", "mlstm", "gla", "deltanet",
+                                   "linear_attention"])
 def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     # every kernel a layer calls on a GPU (recurrence, short conv, norms), here in the interpreter,
     # against the same layer on the PyTorch path: output and all parameter gradients
@@ -262,3 +280,29 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
         out[on] = [y.detach()] + [p.grad.clone() for p in layer.parameters()]
     tol = 1e-4 if DEV == "cpu" else 0.02  # a GPU: tf32 products in the additive family's kernels
     assert all(rel(a, b) < tol for a, b in zip(out[True], out[False]))
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "gla"])
+def test_layer_prefill_then_decode_on_the_kernel_path(mixer, monkeypatch):
+    # a prompt through the kernel path (conv and its tail, chunked recurrence) then two tokens
+    # through the fused decoding steps: the same outputs as the whole sequence in one pass
+    import model
+
+    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
+                       mixer=mixer)
+    torch.manual_seed(0)
+    layer = mixers.build_mixer(cfg, 0).to(DEV)
+    with torch.no_grad():
+        layer.conv.weight.normal_(0, 0.5)
+    x = torch.randn(1, 11, 32, device=DEV)
+    cos, sin = model.rope_cos_sin(torch.arange(11), cfg.head_dim, cfg.rope_theta, device=DEV)
+    monkeypatch.setattr(mixers, "_kernels", lambda t: None)
+    with torch.no_grad():
+        ref = layer(x, (cos, sin))
+    monkeypatch.setattr(mixers, "_kernels", lambda t: kernels)
+    cache = {}
+    with torch.no_grad():
+        ys = [layer(x[:, :9], (cos[:9], sin[:9]), cache)]
+        for t in (9, 10):
+            ys.append(layer(x[:, t : t + 1], (cos[t : t + 1], sin[t : t + 1]), cache))
+    assert rel(torch.cat(ys, 1).cpu(), ref.cpu()) < (1e-4 if DEV == "cpu" else 0.02)

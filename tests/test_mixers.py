@@ -397,7 +397,8 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
     # cancellation, and their bf16 error is noise of several percent either way: on the H200,
     # mLSTM's i_proj.bias was off by 1.5% and 9.7% (layers 0 and 1) for PyTorch bf16 and by 5.9%
     # and 9.7% for the kernels; in another run 7.5% against 12.6% in layer 1. For those the bound
-    # is twice PyTorch's bf16 error plus 5% (a wrong gradient is off by tens of percent).
+    # is twice PyTorch's bf16 error plus 5%, at most 20%; the fp32 run above (2%) is the check
+    # that the kernels compute the right gradient.
     import kernels
 
     torch.manual_seed(0)
@@ -435,5 +436,5 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
         assert kern32[1][n] < 0.02, f"{n}: fp32 kernels off by {kern32[1][n]:.4f}"
         limit = 1.25 * torch16[1][n] + 0.005
         if sizes[n] < 64:  # a few sums over all tokens
-            limit = 2 * torch16[1][n] + 0.05
+            limit = min(2 * torch16[1][n] + 0.05, 0.2)
         assert kern16[1][n] < limit, f"{n}: bf16 kernels off by {kern16[1][n]:.4f}, PyTorch bf16 by {torch16[1][n]:.4f}"
