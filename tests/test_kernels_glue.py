@@ -40,6 +40,19 @@ def conv_reference(x, w):
     return y, dy, torch.autograd.grad(y, (xd, conv.weight), dy)
 
 
+def tiny_layer(mixer):
+    """Layer 0 of a tiny student (width 32, two heads of 16) with a random short conv, on DEV."""
+    import model
+
+    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
+                       mixer=mixer)
+    torch.manual_seed(0)
+    layer = mixers.build_mixer(cfg, 0).to(DEV)
+    with torch.no_grad():
+        layer.conv.weight.normal_(0, 0.5)
+    return layer, cfg
+
+
 def conv_kernel(x, w, dy):
     x, w = x.detach().to(DEV).requires_grad_(), w.detach().float().to(DEV).requires_grad_()
     y = kernels.short_conv(x, w)
@@ -90,13 +103,7 @@ def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2, t0):
 def test_layer_heads_keep_the_tail_for_decoding(mixer, monkeypatch):
     # a prefill through the kernel path (taken on CUDA) gives the q, k, v and the conv tail of
     # the PyTorch path, also when the prompt is shorter than the tail
-    import model
-
-    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
-                       mixer=mixer)
-    layer = mixers.build_mixer(cfg, 0).to(DEV)
-    with torch.no_grad():
-        layer.conv.weight.normal_()
+    layer, _ = tiny_layer(mixer)
     for T in (2, 9):
         qkv = torch.randn(1, T, 3 * 32, device=DEV)
         out = {}
@@ -263,12 +270,7 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     # against the same layer on the PyTorch path: output and all parameter gradients
     import model
 
-    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
-                       mixer=mixer)
-    torch.manual_seed(0)
-    layer = mixers.build_mixer(cfg, 0).to(DEV)
-    with torch.no_grad():
-        layer.conv.weight.normal_(0, 0.5)
+    layer, cfg = tiny_layer(mixer)
     x = torch.randn(2, 21, 32, device=DEV)
     rope = model.rope_cos_sin(torch.arange(21), cfg.head_dim, cfg.rope_theta, device=DEV)
     out = {}
@@ -288,12 +290,7 @@ def test_layer_prefill_then_decode_on_the_kernel_path(mixer, monkeypatch):
     # through the fused decoding steps: the same outputs as the whole sequence in one pass
     import model
 
-    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
-                       mixer=mixer)
-    torch.manual_seed(0)
-    layer = mixers.build_mixer(cfg, 0).to(DEV)
-    with torch.no_grad():
-        layer.conv.weight.normal_(0, 0.5)
+    layer, cfg = tiny_layer(mixer)
     x = torch.randn(1, 11, 32, device=DEV)
     cos, sin = model.rope_cos_sin(torch.arange(11), cfg.head_dim, cfg.rope_theta, device=DEV)
     monkeypatch.setattr(mixers, "_kernels", lambda t: None)
