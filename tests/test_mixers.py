@@ -292,6 +292,23 @@ def test_layer_prefill_then_decode_equals_forward(mixer):
     torch.testing.assert_close(torch.cat(out, 1), full, rtol=1e-9, atol=1e-9)
 
 
+def test_kept_projection_stack_follows_in_place_weight_updates():
+    # outside autograd a layer keeps its stacked projection weights between calls (decoding
+    # steps do not copy them); an in-place update, as an optimizer step makes, must be seen
+    layer = tiny_layer("gated_deltanet")
+    x = torch.randn(2, 5, 32, dtype=F64)
+    with torch.no_grad():
+        a = layer(x, rope(5))
+        kept = layer._stacked[2]
+        torch.testing.assert_close(layer(x, rope(5)), a, rtol=0, atol=0)
+        assert layer._stacked[2] is kept  # reused, not rebuilt
+        layer.k_proj.weight.mul_(0.5)
+        b = layer(x, rope(5))
+    assert not torch.allclose(a, b)
+    torch.testing.assert_close(b, layer(x, rope(5)), rtol=0, atol=0)  # autograd on: a fresh stack
+    assert layer._stacked is None  # and nothing kept while training
+
+
 @pytest.mark.parametrize("mixer", mixers.MIXERS)
 def test_layer_naive_equals_chunked(mixer, monkeypatch):
     """The layer's gates map onto its family form: NAIVE (textbook loop) == chunked, prefill and decode."""

@@ -1,0 +1,164 @@
+"""
+Decoding against the length of the context: the teacher's key/value cache grows with every
+token it has read, a student's recurrent state does not.
+
+For each model and context length L the script reads a prompt of L tokens (the prefill, timed),
+then times one-token decoding steps from the caches and counts the bytes the caches hold, with
+random weights of SmolLM2-135M (speed does not depend on the weights):
+
+    python scripts/decode_speed.py                                   # CPU: up to 4096 tokens
+    python scripts/decode_speed.py --lengths=1024,4096,16384,65536 --B=8   # a GPU
+    python scripts/decode_speed.py --mixers=gated_deltanet,kda,swa
+
+The teacher decodes as model.py runs it: each step appends to the cache and repeats the KV
+heads for the query heads, so it reads its whole cache at least twice, as simple decoders do.
+On CUDA every student runs twice: its step as one fused kernel per layer (kernels.py
+section 4) and as PyTorch ops (mixers.py), which shows where the kernel pays. A row's step is
+the median of --steps synchronized steps after 2 warm-ups. Prints a markdown table as rows
+finish, appends it to --out and draws decode_speed.png beside it.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import mixers  # noqa: E402
+import model as M  # noqa: E402
+
+
+def cache_bytes(caches):
+    """Bytes held by a model's decoding caches (one dict of tensors per layer)."""
+    return sum(t.numel() * t.element_size() for c in caches for t in c.values())
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def measure(net, L, B=1, steps=16, seed=0):
+    """(prefill seconds, median seconds of a decoding step, cache bytes after the steps) for a
+    prompt of L tokens, B sequences. The steps feed fixed tokens: their values do not change the
+    work."""
+    dev = next(net.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, net.config.vocab_size, (B, L), generator=gen).to(dev)
+    caches = [dict() for _ in net.model.layers]
+    sync(dev)
+    t0 = time.perf_counter()
+    net(prompt, caches=caches, last_only=True)
+    sync(dev)
+    prefill = time.perf_counter() - t0
+    tok, pos = prompt[:, -1:], L
+    for _ in range(2):  # warm-up
+        net(tok, caches=caches, start=pos)
+        pos += 1
+    times = []
+    for _ in range(steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        net(tok, caches=caches, start=pos)
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+        pos += 1
+    return prefill, sorted(times)[len(times) // 2], cache_bytes(caches)
+
+
+def plot(rows, path):
+    """Two panels against the context length: ms per step, and cache MiB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r[0] for r in rows):
+        rs = [r for r in rows if r[0] == name]
+        Ls = [r[1] for r in rs]
+        a.plot(Ls, [1000 * r[3] for r in rs], marker="o", label=name)
+        b.plot(Ls, [r[4] / 2**20 for r in rs], marker="o", label=name)
+    for ax, y in ((a, "ms per decoding step"), (b, "cache MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(y)
+        ax.grid(True, which="both", alpha=0.3)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixers", default="gated_deltanet", help="comma-separated students: any of mixers.MIXERS or swa")
+    ap.add_argument("--lengths", default="256,1024,4096", help="context lengths, comma-separated")
+    ap.add_argument("--B", type=int, default=1, help="sequences decoded together")
+    ap.add_argument("--steps", type=int, default=16, help="timed decoding steps per row")
+    ap.add_argument("--preset", default="smollm2-135m", help=f"model size: {', '.join(M.PRESETS)}")
+    ap.add_argument("--device", default="cuda" if cuda else "cpu")
+    ap.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--out", default="out/decode_speed.md", help="the table is appended here; the PNG goes beside it")
+    args = ap.parse_args(argv)
+    names = [m for m in args.mixers.split(",") if m]
+    bad = [m for m in names if m not in mixers.MIXERS + ("swa",)]
+    if bad:
+        ap.error(f"unknown mixer {bad[0]!r}; valid: {', '.join(mixers.MIXERS + ('swa',))}")
+    try:
+        lengths = sorted(int(x) for x in args.lengths.split(","))
+        cfg = M.Config.from_preset(args.preset)
+    except ValueError as e:
+        ap.error(str(e))
+    if min(lengths) < 1 or args.B < 1 or args.steps < 1:
+        ap.error("lengths, B and steps must be >= 1")
+    dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    out = open(args.out, "a")
+
+    def emit(line):
+        print(line, flush=True)
+        out.write(line + "\n")
+        out.flush()
+
+    torch.manual_seed(0)
+    teacher = M.SmolLM2(cfg)
+    runs = [("teacher (attention)", teacher, None)]
+    for m in names:
+        student = mixers.student_from_teacher(teacher, m)
+        if dev.type == "cuda" and m != "swa":
+            runs += [(f"{m}, kernel step", student, True), (f"{m}, PyTorch step", student, False)]
+        else:
+            runs.append((m, student, None))
+    emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}"
+         f" ({torch.get_num_threads()} threads), {time.strftime('%Y-%m-%d')}\n")
+    emit("| model | context | prefill | decoding step | tokens/s | cache |")
+    emit("|---|---|---|---|---|---|")
+    rows, use = [], mixers.USE_KERNELS
+    try:
+        for name, net, kern in runs:
+            net.to(dev, dtype).eval()
+            mixers.USE_KERNELS = use if kern is None else kern
+            for L in lengths:
+                prefill, step, nbytes = measure(net, L, args.B, args.steps)
+                rows.append((name, L, prefill, step, nbytes))
+                emit(f"| {name} | {L} | {prefill:.2f} s | {1000 * step:.2f} ms | {args.B / step:,.1f} | "
+                     f"{nbytes / 2**20:,.2f} MiB |")
+            net.cpu()
+    finally:
+        mixers.USE_KERNELS = use
+        out.close()
+        if rows:
+            png = os.path.join(os.path.dirname(args.out) or ".", "decode_speed.png")
+            plot(rows, png)
+            print(f"plot: {png}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
