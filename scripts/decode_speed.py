@@ -117,6 +117,8 @@ def main(argv=None):
         ap.error(str(e))
     if min(lengths) < 1 or args.B < 1 or args.steps < 1:
         ap.error("lengths, B and steps must be >= 1")
+    if args.device.startswith("cuda") and not cuda:
+        ap.error("--device=cuda: no CUDA GPU here")
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     out = open(args.out, "a")
