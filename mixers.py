@@ -567,8 +567,9 @@ class MixerLayer(nn.Module):
         stack = lambda: torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)  # noqa: E731
         if torch.compiler.is_compiling():
             return stack()
-        if torch.is_grad_enabled() and any(w.requires_grad for w in ws):
-            self._stacked = None  # nothing kept while training
+        training = torch.is_grad_enabled() and any(w.requires_grad for w in ws)
+        if training or any(w.is_inference() for w in ws):  # inference-mode tensors have no version
+            self._stacked = None
             return stack()
         key = tuple((w.data_ptr(), w._version) for w in ws)
         if self._stacked is None or self._stacked[0] != key:

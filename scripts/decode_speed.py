@@ -137,8 +137,8 @@ def main(argv=None):
             runs += [(f"{m}, kernel step", student, True), (f"{m}, PyTorch step", student, False)]
         else:
             runs.append((m, student, None))
-    emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}"
-         f" ({torch.get_num_threads()} threads), {time.strftime('%Y-%m-%d')}\n")
+    where = torch.cuda.get_device_name() if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
+    emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {where}, {time.strftime('%Y-%m-%d')}\n")
     emit("| model | context | prefill | decoding step | tokens/s | cache |")
     emit("|---|---|---|---|---|---|")
     rows, use = [], mixers.USE_KERNELS

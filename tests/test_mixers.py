@@ -307,6 +307,10 @@ def test_kept_projection_stack_follows_in_place_weight_updates():
     assert not torch.allclose(a, b)
     torch.testing.assert_close(b, layer(x, rope(5)), rtol=0, atol=0)  # autograd on: a fresh stack
     assert layer._stacked is None  # and nothing kept while training
+    with torch.inference_mode():  # weights made there have no version counter: never kept
+        fresh = tiny_layer("gated_deltanet")
+        torch.testing.assert_close(fresh(x, rope(5)), a, rtol=0, atol=0)
+        assert fresh._stacked is None
 
 
 @pytest.mark.parametrize("mixer", mixers.MIXERS)
