@@ -167,7 +167,16 @@ def main():
     ap.add_argument("--out", default="out/bench.md", help="markdown table, appended row by row")
     a = ap.parse_args()
     names = a.mixers.split(",")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+    bad = [n for n in names if n not in mixers.MIXERS]
+    if bad:
+        ap.error(f"unknown mixer {bad[0]!r}; valid: {', '.join(mixers.MIXERS)}")
+    try:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
+        assert all(len(s) == 4 and min(s) > 0 for s in shapes)
+    except (ValueError, AssertionError):
+        ap.error(f"--shapes={a.shapes!r}: expected BxTxHxD,... such as 8x4096x16x64")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.py: needs a CUDA GPU (it times the compiled kernels; the CPU tests check them)")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     out = open(a.out, "a")
 
@@ -185,7 +194,7 @@ def main():
     emit(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}: "
          f"copy {gbs:.0f} GB/s, bf16 matmul {tfs:.0f} TFLOP/s\n")
     emit("correctness, bf16 kernel vs fp32 chunked PyTorch form at (2, 1000, 4, 64), relative error:")
-    for name in names if mixers is not None else []:
+    for name in names:
         errs = check(name)
         bad = errs[0] > 0.005 or max(errs[1:4]) > 0.008 or max(errs[4:] + [0]) > 0.02
         emit(f"  {name:17s} o {errs[0]:.1e}  grads " + " ".join(f"{e:.1e}" for e in errs[1:])

@@ -73,8 +73,12 @@ def get_args(argv=None):
     p.add_argument("--out_dir", default=None, help="where results go (default out/niah/<model name>)")
     p.add_argument("--seed", type=int, default=1337)
     a = p.parse_args(argv)
-    a.lengths = [int(x) for x in (a.lengths or ("512,1024,2048,4096,8192" if a.full else "512,1024,2048")).split(",")]
-    a.depths = [float(x) for x in a.depths.split(",")]
+    try:
+        default = "512,1024,2048,4096,8192" if a.full else "512,1024,2048"
+        a.lengths = [int(x) for x in (a.lengths or default).split(",")]
+        a.depths = [float(x) for x in a.depths.split(",")]
+    except ValueError as e:
+        p.error(f"--lengths and --depths are comma-separated numbers: {e}")
     a.kinds = a.kinds.split(",")
     a.samples = a.samples or (30 if a.full else 1)
     a.batch_size = a.batch_size or (16 if a.device.startswith("cuda") else 4)

@@ -166,6 +166,12 @@ def main():
     a = ap.parse_args()
     if a.compile:
         return compile_stdin()
+    known = {"dtypes": {"fp32", "bf16"}, "families": {"additive", "delta", "glue"}}
+    for key, valid in known.items():
+        if set(getattr(a, key).split(",")) - valid:
+            ap.error(f"--{key}={getattr(a, key)!r}: comma-separated, from {sorted(valid)}")
+    if not all(d.isdigit() and int(d) > 0 for d in a.dims.split(",")):
+        ap.error(f"--dims={a.dims!r}: comma-separated head sizes such as 64,128")
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     import warnings
 

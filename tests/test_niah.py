@@ -131,3 +131,12 @@ def test_command_line_writes_table_json_csv_and_heatmap(tmp_path, capsys):
     assert acc[(160, "all", "all")] == sum(r["correct"] for r in res["records"]) / 6
     assert (tmp_path / "results.csv").read_text().startswith("length,depth,kind,accuracy")
     assert (tmp_path / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("bad, named", [("--lengths=512,abc", "--lengths"), ("--depths=0,half", "--depths"),
+                                        ("--lengths=64", "lengths >= 128"), ("--kinds=passkey,pin", "kinds")])
+def test_bad_settings_stop_with_a_message(bad, named, capsys):
+    with pytest.raises(SystemExit):
+        niah.get_args([bad])
+    err = capsys.readouterr().err
+    assert "error:" in err and named in err
