@@ -469,10 +469,11 @@ class ShortConv(nn.Module):
         if tail is None:
             tail = x.new_zeros(x.shape[0], self.weight.shape[1] - 1, x.shape[2])
         T, x = x.shape[1], torch.cat([tail.to(x.dtype), x], 1)  # [B, size-1+T, dim]
-        w = self.weight.to(x.dtype)
         if T == 1:  # a decoding step: its `size` inputs times the taps, without a conv's overhead
-            return F.silu((x * w.t()).sum(1, keepdim=True)), x[:, 1:]
-        y = F.conv1d(x.transpose(1, 2), w[:, None, :], groups=x.shape[2])  # [B, dim, T]
+            acc = torch.promote_types(x.dtype, torch.float32)  # bf16 inputs summed in fp32, as a conv does
+            y = (x.to(acc) * self.weight.t().to(acc)).sum(1, keepdim=True)
+            return F.silu(y).to(x.dtype), x[:, 1:].clone()
+        y = F.conv1d(x.transpose(1, 2), self.weight[:, None, :].to(x.dtype), groups=x.shape[2])  # [B, dim, T]
         return F.silu(y.transpose(1, 2)), self.last(x)
 
     def last(self, x):  # the tail after x [B, T, dim] from a zero past: its last size-1 inputs, a new tensor
@@ -544,7 +545,7 @@ class MixerLayer(nn.Module):
         if self.out_gate:
             self.g_proj = nn.Linear(C, H * D, bias=False)
             self.x_projs = ("g_proj",) + self.x_projs
-        self._stacked = None  # (key, weights, their stack) kept by _stack outside autograd
+        self._stacked = None  # (key, weights, their stack) kept by _stack for decoding
 
     def project(self, x):
         """Every nn.Linear that reads x, in one matmul over their stacked weights (one launch and
@@ -558,26 +559,29 @@ class MixerLayer(nn.Module):
         return qkv, {n: o if lin.bias is None else o + lin.bias for n, lin, o in zip(self.x_projs, lins[3:], outs)}
 
     def _stack(self, ws, pad):
-        """The weights ws stacked by rows, then pad zero rows. Where autograd records (training)
-        a new torch.cat each call; elsewhere (decoding, evals) the stack is kept while every
-        weight is the same storage at the same version, so a decoding step does not copy the
-        weights. Held references keep those storages, and so their addresses, from being reused;
-        in-place updates (optimizer steps, load_state_dict) bump the version. A write through
-        .data, which has its own version counter, is not seen: call clear_stack() after one."""
+        """The weights ws stacked by rows, then pad zero rows: a new torch.cat each call, except
+        in eval mode outside autograd (decoding), where the stack is kept while every weight is
+        the same storage at the same version, so a decoding step does not copy the weights.
+        Held references keep those storages, and so their addresses, from being reused; in-place
+        updates (load_state_dict, optimizer steps) bump the version; a mode switch or a move
+        (.to(), .cpu(), .float()) drops the stack. A write through .data, which has its own
+        version counter, is not seen: switch modes after one."""
         stack = lambda: torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)  # noqa: E731
-        if torch.compiler.is_compiling():
-            return stack()
-        training = torch.is_grad_enabled() and any(w.requires_grad for w in ws)
-        if training or any(w.is_inference() for w in ws):  # inference-mode tensors have no version
-            self._stacked = None
+        if (self.training or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
+                or torch.compiler.is_compiling() or any(w.is_inference() for w in ws)):
             return stack()
         key = tuple((w.data_ptr(), w._version) for w in ws)
         if self._stacked is None or self._stacked[0] != key:
             self._stacked = (key, [w.detach() for w in ws], stack())
         return self._stacked[2]
 
-    def clear_stack(self):
+    def train(self, mode=True):
         self._stacked = None
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):  # every move or cast of the parameters goes through here
+        self._stacked = None
+        return super()._apply(fn, *args, **kwargs)
 
     def heads(self, qkv, cache):
         """q, k, v [B, T, H, D] from qkv [B, T, 3 H D]: the short conv (its tail kept in the cache

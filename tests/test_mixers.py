@@ -293,9 +293,9 @@ def test_layer_prefill_then_decode_equals_forward(mixer):
 
 
 def test_kept_projection_stack_follows_in_place_weight_updates():
-    # outside autograd a layer keeps its stacked projection weights between calls (decoding
-    # steps do not copy them); an in-place update, as an optimizer step makes, must be seen
-    layer = tiny_layer("gated_deltanet")
+    # in eval mode outside autograd (decoding) a layer keeps its stacked projection weights
+    # between calls; an in-place update, as load_state_dict makes, must be seen
+    layer = tiny_layer("gated_deltanet").eval()
     x = torch.randn(2, 5, 32, dtype=F64)
     with torch.no_grad():
         a = layer(x, rope(5))
@@ -304,13 +304,16 @@ def test_kept_projection_stack_follows_in_place_weight_updates():
         assert layer._stacked[2] is kept  # reused, not rebuilt
         layer.k_proj.weight.mul_(0.5)
         b = layer(x, rope(5))
-    assert not torch.allclose(a, b)
+        assert not torch.allclose(a, b)
     torch.testing.assert_close(b, layer(x, rope(5)), rtol=0, atol=0)  # autograd on: a fresh stack
-    assert layer._stacked is None  # and nothing kept while training
-    with torch.inference_mode():  # weights made there have no version counter: never kept
-        fresh = tiny_layer("gated_deltanet")
-        torch.testing.assert_close(fresh(x, rope(5)), a, rtol=0, atol=0)
-        assert fresh._stacked is None
+    layer.train()
+    assert layer._stacked is None  # a mode switch drops it, and so does a move
+    with torch.no_grad():
+        layer.eval()(x, rope(5))
+    assert layer._stacked is not None and layer.float()._stacked is None
+    with torch.inference_mode():  # its tensors could not serve autograd later: never kept
+        layer.double()(x, rope(5))
+        assert layer._stacked is None
 
 
 @pytest.mark.parametrize("mixer", mixers.MIXERS)

@@ -74,7 +74,8 @@ def test_decoding_caches_grow_for_the_teacher_and_not_for_students():
 
 def test_decode_speed_writes_its_table_and_plot(tmp_path, capsys):
     out = tmp_path / "d.md"
-    rows = decode_speed.main(["--lengths=8,4", "--steps=1", "--mixers=linear_attention,swa", f"--out={out}"])
+    rows = decode_speed.main(["--lengths=8,4", "--steps=1", "--rounds=2", "--mixers=linear_attention,swa",
+                              "--device=cpu", "--dtype=float32", f"--out={out}"])
     assert [(r[0], r[1]) for r in rows] == [(n, L) for n in ("teacher (attention)", "linear_attention", "swa")
                                             for L in (4, 8)]
     assert out.read_text().count("\n| ") == 1 + 6 and (tmp_path / "decode_speed.png").stat().st_size > 0
