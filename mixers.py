@@ -472,7 +472,7 @@ class ShortConv(nn.Module):
         if T == 1:  # a decoding step: its `size` inputs times the taps, without a conv's overhead
             acc = torch.promote_types(x.dtype, torch.float32)  # bf16 inputs summed in fp32, as a conv does
             y = (x.to(acc) * self.weight.t().to(acc)).sum(1, keepdim=True)
-            return F.silu(y).to(x.dtype), x[:, 1:].clone()
+            return F.silu(y).to(x.dtype), self.last(x)
         y = F.conv1d(x.transpose(1, 2), self.weight[:, None, :].to(x.dtype), groups=x.shape[2])  # [B, dim, T]
         return F.silu(y.transpose(1, 2)), self.last(x)
 
