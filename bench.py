@@ -14,14 +14,14 @@ FLOP counts are those of the chunked algorithm (chunk C = 64, per token and head
 decayed additive 4*Dk*Dv + 2*C*(Dk+Dv), delta rule 6*Dk*Dv + 6*C*Dk + 4*C*Dv; forward plus
 backward is counted as 3x forward, causal attention as 2*T*D forward and 3.5x for both.
 Bytes are the floor: every input read once and every output written once.
-References: REFERENCE.md section 7 (fla and FlashAttention on this H200); METHOD.md (timing).
+References: fla-org/flash-linear-attention 0.6.0 (the fla column; fla refuses Gated DeltaNet's
+gated backward on Hopper with triton < 3.7.1, its issue #640), NX-AI/mlstm_kernels 2.0.6
+(mLSTM's chunkwise triton_xl_chunk), triton.testing.do_bench (medians after warm-up).
 """
 
 import argparse
 import os
 import time
-
-os.environ.setdefault("LINEARIZE_KERNELS", "0")  # mixers.py's chunked forms stay in PyTorch
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +31,9 @@ import kernels
 import mixers
 
 SHAPES = [(8, 4096, 16, 64), (4, 8192, 16, 128), (1, 32768, 16, 64)]
-# forward+backward in ms at (8, 4096, 16, 64) on this H200 (REFERENCE.md section 7): fla 0.6.0,
-# except mLSTM (mlstm_kernels 2.0.6) and Gated DeltaNet (fla refuses its backward on Hopper)
+# forward+backward in ms at (8, 4096, 16, 64), timed on one H200 (bf16, torch 2.11, triton 3.6,
+# do_bench): fla 0.6.0, except mLSTM (mlstm_kernels 2.0.6) and Gated DeltaNet (fla refuses its
+# backward on Hopper); `--fla` times fla in the same run instead
 FLA_RECORDED = {"linear_attention": 1.318, "retnet": 1.506, "mlstm": 1.917, "gla": 2.771,
                 "deltanet": 2.043, "kda": 4.667}
 
@@ -42,7 +43,6 @@ def ours(family):
 
 
 def torch_form(family):
-    mixers.USE_KERNELS = False
     return mixers.chunk_decay_additive if family == "additive" else mixers.chunk_delta_rule
 
 

@@ -2,7 +2,7 @@
 What each training stage is: what the student sees, what it matches, which parameters learn.
 train.py is the loop; this file has no loop.
 
-A student (mixers.student_from_teacher) is the teacher with every softmax attention replaced by
+A student (checkpoint.student_from_teacher) is the teacher with every softmax attention replaced by
 a linear-time mixer. It learns from the frozen teacher in three stages, then optionally SFT:
 
   stage 1  attention-output alignment. Every student mixer reads the teacher's residual stream
@@ -27,8 +27,8 @@ In stages 1 and 2 every layer learns at once and on its own: the teacher runs it
 teacher input. No student layer sees another student layer's output.
 
 References:
-1) What Matters in Linearizing Language Models? arXiv 2504.14366 (the three
-   stages, their losses and learning rates); REFERENCE.md section 4 for where we differ
+1) What Matters in Linearizing Language Models? arXiv 2504.14366, and its authors' public code
+   (the three stages, their losses and learning rates; where we differ is marked <--)
 2) Hinton, Vinyals, Dean 2015, Distilling the Knowledge in a Neural Network (temperature, T^2)
 3) Chowdhery et al. 2022, PaLM, appendix B (model FLOPs per token, for MFU)
 """
@@ -132,63 +132,25 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
-_LOSS_ROWS = 2048  # rows per block of _loss_blocks
-
-
-def _loss_blocks(z, t, y, ce_weight, kl_weight, temperature, grad=True):
-    """kernels.distill_loss_grad in PyTorch, a block of rows at a time (fp32 temporaries of
-    _LOSS_ROWS x V, a few hundred MB at V = 49152, instead of several copies of [N, V])."""
-    keep = y >= 0
-    n = keep.sum().clamp(min=1)  # positions that count
-    dz = torch.empty_like(z) if grad else None
-    ce, kl = z.new_zeros((), dtype=torch.float32), z.new_zeros((), dtype=torch.float32)
-    for i in range(0, z.shape[0], _LOSS_ROWS):
-        rows = slice(i, i + _LOSS_ROWS)
-        zf, yr, m = z[rows].float(), y[rows].clamp(min=0)[:, None], keep[rows, None].float()  # m (R, 1)
-        logp = F.log_softmax(zf, dim=-1)  # (R, V)
-        ce = ce + (-logp.gather(1, yr) * m).sum()
-        p = logp.exp()
-        g = (p * ce_weight).scatter_add_(1, yr, torch.full_like(m, -ce_weight)) if grad else None
-        if t is not None:
-            lt = F.log_softmax(t[rows].float() / temperature, dim=-1)
-            ls = logp if temperature == 1 else F.log_softmax(zf / temperature, dim=-1)
-            pt = lt.exp()
-            kl = kl + ((pt * (lt - ls)).sum(-1, keepdim=True) * m).sum()
-            if grad:
-                g += (p if temperature == 1 else ls.exp()).sub_(pt).mul_(kl_weight * temperature)
-        if grad:
-            dz[rows] = (g * (m / n)).to(z.dtype)
-    return ce / n, kl / n * temperature**2, dz
-
-
-class _DistillLoss(torch.autograd.Function):
-    """ce_weight * CE + kl_weight * KL of stage 3 with its gradient computed in the same pass over
-    the logits, in closed form, and kept in the logits' dtype (autograd would keep several fp32
-    copies of the [N, V] logits):
-    d CE / dz = softmax(z) - onehot(y); d (T^2 KL(p_t || softmax(z / T))) / dz = T (softmax(z / T) - p_t)."""
-
-    @staticmethod
-    def forward(ctx, z, t, y, ce_weight, kl_weight, temperature):  # z, t [N, V]; y [N], -1: no loss
-        kern = mixers._kernels(z)  # on CUDA, one Triton kernel (kernels.py section 5)
-        fn = _loss_blocks if kern is None else kern.distill_loss_grad
-        ce, kl, dz = fn(z, t, y, ce_weight, kl_weight, temperature, grad=ctx.needs_input_grad[0])
-        ctx.save_for_backward(dz)
-        ctx.mark_non_differentiable(ce, kl)
-        return ce_weight * ce + kl_weight * kl, ce, kl
-
-    @staticmethod
-    def backward(ctx, dloss, dce, dkl):
-        (dz,) = ctx.saved_tensors
-        return dz * dloss.to(dz.dtype), None, None, None, None, None
-
-
-def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
+def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0, temperature=1.0,
+                 backend=None):
     """Stage 3's loss on logits [B, T, V], targets [B, T] (-1: no loss): (loss, ce, kl), where
-    loss = ce_weight * cross_entropy + kl_weight * kl_per_token, the same values as those two
-    functions give (ce and kl come detached, to log). teacher_logits None: cross-entropy alone
-    (kl 0). On CUDA one fused Triton kernel computes it (kernels.distill_loss_grad)."""
-    t = None if teacher_logits is None else teacher_logits.flatten(0, 1)
-    return _DistillLoss.apply(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight, temperature)
+    loss = ce_weight * cross_entropy + kl_weight * kl_per_token (ce and kl come detached, to log).
+    teacher_logits None: cross-entropy alone (kl 0). Backend triton (the default for CUDA
+    tensors): one fused kernel, kernels.distill_loss, computes the same loss and its gradient in
+    closed form, in the logits' dtype (autograd keeps several fp32 copies of [B, T, V] here)."""
+    if mixers.resolve_backend(backend, student_logits) == "triton":
+        mixers.check_backend("triton", student_logits.device)
+        import kernels  # only here: CPU runs never need triton
+
+        t = None if teacher_logits is None else teacher_logits.flatten(0, 1)
+        return kernels.distill_loss(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight,
+                                    temperature)
+    ce = cross_entropy(student_logits, targets)
+    if teacher_logits is None:
+        return ce, ce.detach(), torch.zeros_like(ce)
+    kl = kl_per_token(teacher_logits, student_logits, temperature, mask=targets >= 0)
+    return ce_weight * ce + kl_weight * kl, ce.detach(), kl.detach()
 
 
 class StageLoss(nn.Module):
@@ -199,9 +161,9 @@ class StageLoss(nn.Module):
     -> (loss, parts): loss a scalar to minimize, parts a dict of detached scalars to log.
     """
 
-    def __init__(self, student, stage, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
+    def __init__(self, student, stage, ce_weight=1.0, kl_weight=1.0, temperature=1.0, backend=None):
         super().__init__()
-        self.student, self.stage = student, stage
+        self.student, self.stage, self.backend = student, stage, backend
         self.ce_weight, self.kl_weight, self.temperature = ce_weight, kl_weight, temperature
 
     def forward(self, idx, targets, teacher_out):
@@ -220,10 +182,10 @@ class StageLoss(nn.Module):
             return loss, {"loss": loss.detach()}
         logits = net(idx)  # (B, T, V)
         if self.stage != "3":  # sft and lm: cross-entropy alone
-            ce, _, _ = distill_loss(logits, None, targets)
+            ce, _, _ = distill_loss(logits, None, targets, backend=self.backend)
             return ce, {"loss": ce.detach(), "ce": ce.detach()}
         loss, ce, kl = distill_loss(logits, teacher_out["logits"], targets, self.ce_weight, self.kl_weight,
-                                    self.temperature)
+                                    self.temperature, self.backend)
         return loss, {"loss": loss.detach(), "ce": ce, "kl": kl}
 
 

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import checkpoint
 import model as M
-from sample import load, model_args
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --mc_source=hub
@@ -40,7 +40,7 @@ TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --m
 def get_args(argv=None):
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_args(p)  # the model to evaluate: --init_from, --tokenizer, --mixer, --device, --dtype
+    checkpoint.add_args(p)  # the model to evaluate: --init_from, --tokenizer, --mixer, --device, --dtype, --backend
     p.add_argument("--teacher", default="default", help="reference for KL and recovery when the model is a student; 'none' skips")
     p.add_argument("--data", default=os.path.join(ROOT, "data", "offline", "val.bin"), help="uint16 token file")
     p.add_argument("--seq_len", type=int, default=512, help="window length for perplexity (the study trains at 512)")
@@ -191,10 +191,10 @@ def evaluate(net, tok, args, data, teacher=None):
 def main(argv=None):
     args = get_args(argv)
     dtype = getattr(torch, args.dtype)
+    net, tok = checkpoint.load_from_args(args)
     try:
-        net, tok = load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
         student = net.config.mixer != "attention"
-        teacher = M.from_pretrained(args.teacher, dtype=dtype, device=args.device).eval() if student and args.teacher != "none" else None
+        teacher = checkpoint.load(args.teacher, dtype=dtype, device=args.device).eval() if student and args.teacher != "none" else None
         data = np.memmap(args.data, dtype=np.uint16, mode="r")
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")

@@ -15,15 +15,18 @@ Inside, in reading order:
   1. seven textbook recurrences, token by token in fp32, one per mixer (the ground truth);
   2. the two family recurrences: one-token steps (decoding) and their loops;
   3. the chunked form of both families (the algorithm kernels.py implements in Triton);
-  4. the mixer layers model.py builds for a student, the registry, and student_from_teacher.
+  4. the glue around them (short conv, L2 norm, output norm and gate, log decay) and forms(),
+     the one switch between PyTorch and kernels.py;
+  5. the mixer layers that model.py builds for a student, and the registry of the seven.
 
 One layout everywhere: q, k [B, T, H, Dk], v [B, T, H, Dv], state [B, H, Dk, Dv] in fp32, and
 every function returns (output, final_state). A log decay g <= 0 comes as None (no decay), [H]
 (constant per head), [B, T, H] (per head and token) or [B, T, H, Dk] (per key channel).
-Two switches: USE_KERNELS (off with env LINEARIZE_KERNELS=0) sends CUDA tensors to kernels.py
-(the recurrences, the short conv with the cut into heads and the L2 norm of q and k, the output
-norm and gate, the log decay of Gated DeltaNet and KDA, and distill.py's stage-3 loss);
-NAIVE makes the layers run the textbook recurrences of section 1 instead of the chunked form.
+
+A layer runs in one of three forms, its `backend` (model.SmolLM2.set_backend, or --backend= on
+every script): "naive", the textbook loops of section 1; "torch", the chunked forms of sections
+2-4; "triton", kernels.py's twins of those (same names, same signatures). The default is triton
+for CUDA tensors and torch otherwise; asking for triton where it cannot run is an error.
 
 References:
 1) What Matters in Linearizing Language Models? arXiv 2504.14366 (the seven students, the setup)
@@ -37,66 +40,18 @@ References:
 8) Kimi Team 2025, Kimi Linear (kda)
 """
 
-import dataclasses
 import functools
+import importlib.util
 import math
 import os
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MIXERS = ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda")
-# each mixer's family and the granularity of its log decay g: None, "head_const" [H], "head"
-# [B, T, H] or "channel" [B, T, H, Dk] (mLSTM: its forget gate; the input gate goes into k)
-FAMILY = {
-    "linear_attention": ("additive", None),
-    "retnet": ("additive", "head_const"),
-    "gla": ("additive", "channel"),
-    "mlstm": ("additive", "head"),
-    "deltanet": ("delta", None),
-    "gated_deltanet": ("delta", "head"),
-    "kda": ("delta", "channel"),
-}
-USE_KERNELS = os.environ.get("LINEARIZE_KERNELS", "1") != "0"  # CUDA tensors go to kernels.py
-NAIVE = False  # True: the layers run section 1's token-by-token recurrences (slow; to read and test)
 MLSTM_CAP = 15.0  # mLSTM gate pre-activations are soft-capped to (-15, 15); also its fixed stabilizer
 SUB = 16  # sub-chunk width for per-channel decays inside a chunk
-
-
-def _model():
-    # model.py imports this file to build its mixers, so import it lazily to avoid the cycle
-    import model
-
-    return model
-
-
-def _kernel(name, x):
-    """kernels.<name> when x is on CUDA, USE_KERNELS is on and kernels.py defines it; else None.
-
-    The kernel gets q, k and v in one dtype: autocast's while autocast is on, else x's. Under CUDA
-    autocast, F.normalize and exp return fp32, and fp32 operands would send the kernels to exact
-    fp32 products, many times slower than bf16 ones. Gates, beta and states pass as they are."""
-    kern = _kernels(x)
-    fn = None if kern is None else getattr(kern, name, None)
-    return None if fn is None else _one_dtype(fn, x)
-
-
-def _kernels(x):
-    """The kernels module when work on x goes there (x on CUDA and USE_KERNELS on), else None.
-    Imported here, on first use, so that CPU runs never need triton."""
-    if not (USE_KERNELS and x.is_cuda):
-        return None
-    import kernels
-
-    return kernels
-
-
-def _one_dtype(fn, x):
-    """fn(q, k, v, *rest) with q, k, v cast to autocast's dtype where autocast is on, else x's."""
-    dev = x.device.type
-    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    return lambda q, k, v, *rest: fn(q.to(dtype), k.to(dtype), v.to(dtype), *rest)
 
 
 def _fp32(fn):
@@ -162,11 +117,11 @@ def retnet_recurrent(q, k, v, initial_state=None, scale=None):
 
 
 @_fp32
-def gla_recurrent(q, k, v, log_a, initial_state=None, scale=None):
-    """GLA: S_t = Diag(a_t) S_{t-1} + k_t v_t^T, one decay a_t per key channel; log_a [B, T, H, Dk]."""
+def gla_recurrent(q, k, v, g, initial_state=None, scale=None):
+    """GLA: S_t = Diag(a_t) S_{t-1} + k_t v_t^T, one decay a_t per key channel; g = log a [B, T, H, Dk]."""
     out_dtype = v.dtype
     q, k, v, S, scale = _prepare(q, k, v, initial_state, scale)
-    a = log_a.to(q.dtype).exp()
+    a = g.to(q.dtype).exp()
     out = []
     for t in range(q.shape[1]):
         S = a[:, t, :, :, None] * S + _outer(k[:, t], v[:, t])  # Diag(a) scales the rows of S
@@ -220,11 +175,11 @@ def deltanet_recurrent(q, k, v, beta, initial_state=None, scale=None):
 
 
 @_fp32
-def gated_deltanet_recurrent(q, k, v, beta, log_a, initial_state=None, scale=None):
-    """Gated DeltaNet: S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T; log_a [B, T, H]."""
+def gated_deltanet_recurrent(q, k, v, beta, g, initial_state=None, scale=None):
+    """Gated DeltaNet: S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T; g = log a [B, T, H]."""
     out_dtype = v.dtype
     q, k, v, S, scale = _prepare(q, k, v, initial_state, scale)
-    beta, a = beta.to(q.dtype), log_a.to(q.dtype).exp()
+    beta, a = beta.to(q.dtype), g.to(q.dtype).exp()
     eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
     out = []
     for t in range(q.shape[1]):
@@ -235,11 +190,11 @@ def gated_deltanet_recurrent(q, k, v, beta, log_a, initial_state=None, scale=Non
 
 
 @_fp32
-def kda_recurrent(q, k, v, beta, log_a, initial_state=None, scale=None):
-    """KDA: S_t = (I - beta_t k_t k_t^T) Diag(a_t) S_{t-1} + beta_t k_t v_t^T; log_a [B, T, H, Dk]."""
+def kda_recurrent(q, k, v, beta, g, initial_state=None, scale=None):
+    """KDA: S_t = (I - beta_t k_t k_t^T) Diag(a_t) S_{t-1} + beta_t k_t v_t^T; g = log a [B, T, H, Dk]."""
     out_dtype = v.dtype
     q, k, v, S, scale = _prepare(q, k, v, initial_state, scale)
-    beta, a = beta.to(q.dtype), log_a.to(q.dtype).exp()
+    beta, a = beta.to(q.dtype), g.to(q.dtype).exp()
     eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)
     out = []
     for t in range(q.shape[1]):
@@ -283,18 +238,12 @@ def _step(q, k, v, beta, g, initial_state, scale):
 
 def step_decay_additive(q, k, v, g=None, initial_state=None, scale=None):
     """Decoding step: S = exp(g) * S + k v^T, o = S^T (scale q). q, k, v [B, 1, H, D]; g [H],
-    [B, 1, H], [B, 1, H, Dk] or None. Uses kernels.recurrent_step_decay_additive when present."""
-    fn = _kernel("recurrent_step_decay_additive", q)
-    if fn is not None:
-        return fn(q, k, v, g, initial_state, scale)
+    [B, 1, H], [B, 1, H, Dk] or None."""
     return _step(q, k, v, None, g, initial_state, scale)
 
 
 def step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None):
     """Decoding step: S = exp(g) * S; S = S + beta k (v - S^T k)^T; o = S^T (scale q). beta [B, 1, H]."""
-    fn = _kernel("recurrent_step_delta_rule", q)
-    if fn is not None:
-        return fn(q, k, v, beta, g, initial_state, scale)
     return _step(q, k, v, beta, g, initial_state, scale)
 
 
@@ -398,17 +347,11 @@ def _chunked(q, k, v, beta, g, initial_state, scale, chunk_size):
 
 def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64):
     """S_t = exp(g_t) * S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), chunked. -> (o, final_state)"""
-    fn = _kernel("chunk_decay_additive", q)
-    if fn is not None:
-        return fn(q, k, v, g, initial_state, scale)
     return _chunked(q, k, v, None, g, initial_state, scale, chunk_size)
 
 
 def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64):
     """S_t = exp(g_t) S_{t-1}; S_t += beta_t k_t (v_t - S_t^T k_t)^T; o_t = S_t^T (scale q_t), chunked."""
-    fn = _kernel("chunk_delta_rule", q)
-    if fn is not None:
-        return fn(q, k, v, beta, g, initial_state, scale)
     return _chunked(q, k, v, beta, g, initial_state, scale, chunk_size)
 
 
@@ -421,8 +364,8 @@ def retnet_log_decay(n_head, dtype=torch.float32, device=None):
     return torch.log1p(-(2.0 ** (-5.0 - torch.arange(n_head, dtype=dtype, device=device))))
 
 
-def mlstm_family(q, k, v, i_pre, f_pre, initial_state=None, scale=None, step=False):
-    """mLSTM as a decayed additive recurrence, equal to mlstm_recurrent.
+def mlstm_family(f, q, k, v, i_pre, f_pre, initial_state=None, scale=None, step=False):
+    """mLSTM as a decayed additive recurrence in the forms f (forms()), equal to mlstm_recurrent.
     Decay g = log f (per head). The input gate goes into the key, k' = exp(i~ - MLSTM_CAP) k, and
     v' = [v, 1] makes the last state column the normalizer n. Stabilizer: instead of the running
     max m_t, a fixed m = MLSTM_CAP. The layer soft-caps i~ below MLSTM_CAP, so exp(i~ - m) lies in
@@ -432,10 +375,8 @@ def mlstm_family(q, k, v, i_pre, f_pre, initial_state=None, scale=None, step=Fal
     k = k * torch.exp(i_pre - MLSTM_CAP)[..., None]  # [B, T, H, Dk], input gate folded in
     v = torch.cat([v, torch.ones_like(v[..., :1])], -1)  # [B, T, H, Dv + 1]
     g = F.logsigmoid(f_pre)  # [B, T, H] log forget gate
-    if step:
-        o, S = step_decay_additive(q, k, v, g, initial_state, scale)
-    else:
-        o, S = chunk_decay_additive(q, k, v, g, initial_state, scale)
+    fn = f.recurrent_step_decay_additive if step else f.chunk_decay_additive
+    o, S = fn(q, k, v, g, initial_state, scale)
     out_dtype = o.dtype
     o = o.to(torch.promote_types(o.dtype, torch.float32))  # [B, T, H, Dv + 1]: C^T q and n^T q, times e^-m
     h = o[..., :-1] / o[..., -1:].abs().clamp(min=math.exp(-MLSTM_CAP))
@@ -447,10 +388,107 @@ def softcap(x, cap=MLSTM_CAP):  # cap * tanh(x / cap): smooth, identity near 0, 
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. Mixer layers (the token-mixer protocol of model.py) and building a student.
+# 4. The glue around the recurrences, and the one switch between the three forms.
+# Each function here has a Triton twin of the same name and signature in kernels.py (section 5),
+# which fuses what PyTorch runs as chains of small memory-bound passes. forms() picks the set.
+
+
+def conv_silu(x, weight, tail=None):
+    """silu(causal depthwise conv over time) of x [B, T, D] with taps weight [D, S] (tap S-1
+    multiplies the current token), continuing from tail [B, S-1, D] (None: a zero past).
+    Returns y [B, T, D] in x's dtype and the tail after x, a new tensor."""
+    if tail is None:
+        tail = x.new_zeros(x.shape[0], weight.shape[1] - 1, x.shape[2])
+    T, x = x.shape[1], torch.cat([tail.to(x.dtype), x], 1)  # [B, S-1+T, D]
+    if T == 1:  # a decoding step: its S inputs times the taps, without a conv's overhead
+        acc = torch.promote_types(x.dtype, torch.float32)  # bf16 inputs summed in fp32, as a conv does
+        y = (x.to(acc) * weight.t().to(acc)).sum(1, keepdim=True)
+        return F.silu(y).to(x.dtype), conv_tail(x, weight.shape[1] - 1)
+    y = F.conv1d(x.transpose(1, 2), weight[:, None, :].to(x.dtype), groups=x.shape[2])  # [B, D, T]
+    return F.silu(y.transpose(1, 2)), conv_tail(x, weight.shape[1] - 1)
+
+
+def conv_tail(x, n):
+    """The last n inputs of x [B, T, D] after a zero past, [B, n, D]: what decoding keeps of it."""
+    return F.pad(x[:, max(0, x.shape[1] - n) :], (0, 0, max(0, n - x.shape[1]), 0))
+
+
+def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None):
+    """conv_silu from a zero past, cut along the channels into `parts` tensors [B, T, D / parts]
+    (q, k, v of one projection), the first l2_parts of them L2-normalized per head of head_dim."""
+    y, _ = conv_silu(x, weight)
+    ys = list(y.chunk(parts, -1))
+    for i in range(l2_parts):  # unit q and k per head
+        ys[i] = l2_normalize(ys[i].unflatten(-1, (-1, head_dim))).flatten(-2)
+    return ys
+
+
+def l2_normalize(x, eps=1e-24):
+    """x / |x| over the last axis (F.normalize's floor of sqrt(eps) on |x|)."""
+    return F.normalize(x, dim=-1, eps=math.sqrt(eps))
+
+
+ACTS = {"silu": F.silu, "sigmoid": torch.sigmoid}  # the output gates
+
+
+def rms_norm_gate(x, weight, z=None, act=None, eps=1e-5):
+    """RMSNorm over the last axis (fp32 inside), times weight, times act(z) when a gate z is given."""
+    xf = x.float()
+    y = weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if z is None else y * ACTS[act](z)
+
+
+def softplus_decay(a, A_log, dt_bias):
+    """Mamba-2's log decay -exp(A_log) * softplus(a + dt_bias) <= 0, fp32: a [B, T, H] with A_log
+    and dt_bias [H] (Gated DeltaNet), or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (KDA)."""
+    A = A_log.exp().view(-1, *[1] * (a.dim() - 3))  # per head, over a's channels
+    return -A * F.softplus(a + dt_bias.view(a.shape[2:]))
+
+
+BACKENDS = ("naive", "torch", "triton")  # the three forms a mixer runs in
+# the PyTorch forms under the names of their twins in kernels.py
+TORCH = SimpleNamespace(
+    chunk_decay_additive=chunk_decay_additive, chunk_delta_rule=chunk_delta_rule,
+    recurrent_step_decay_additive=step_decay_additive, recurrent_step_delta_rule=step_delta_rule,
+    short_conv=short_conv, l2_normalize=l2_normalize, rms_norm_gate=rms_norm_gate, softplus_decay=softplus_decay)
+
+
+def check_backend(backend, device=None):
+    """backend (None: the default), or a one-line ValueError when it is unknown or cannot run on
+    device; before any long work, so that a run never falls back to another form silently."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if backend == "triton":
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError("backend 'triton' needs the triton package (pip install triton)")
+        on_gpu = device is None or str(device).startswith("cuda")
+        if not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"backend 'triton' runs on CUDA tensors (or with TRITON_INTERPRET=1 on the CPU), "
+                             f"not on {device}; use --backend=torch")
+    return backend
+
+
+def resolve_backend(backend, x):
+    """The backend that runs on tensors like x: backend itself, or for None the default, triton
+    for CUDA tensors and torch otherwise."""
+    return backend or ("triton" if x.is_cuda else "torch")
+
+
+def forms(backend, x):
+    """The functions that run `backend` on tensors like x: kernels.py's for triton, else TORCH."""
+    if resolve_backend(backend, x) != "triton":
+        return TORCH
+    check_backend("triton", x.device)
+    import kernels  # only here: CPU runs never need triton
+
+    return kernels
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Mixer layers (the token-mixer protocol of model.py).
 # Initialization: model.SmolLM2 re-initializes every nn.Linear weight with N(0, 0.02) after the
-# layers are built, and student_from_teacher then copies q/k/v/o from the teacher. So a Linear
-# weight below starts at N(0, 0.02) in a model; biases and plain Parameters keep the inits here.
+# layers are built, and checkpoint.student_from_teacher then copies q/k/v/o from the teacher. So a
+# Linear weight below starts at N(0, 0.02) in a model; biases and plain Parameters keep the inits here.
 
 
 class ShortConv(nn.Module):
@@ -465,20 +503,8 @@ class ShortConv(nn.Module):
         w[:, -1] = 1.0
         self.weight = nn.Parameter(w)  # [dim, size]
 
-    def forward(self, x, tail=None):  # x [B, T, dim], tail [B, size-1, dim] -> y [B, T, dim], tail
-        if tail is None:
-            tail = x.new_zeros(x.shape[0], self.weight.shape[1] - 1, x.shape[2])
-        T, x = x.shape[1], torch.cat([tail.to(x.dtype), x], 1)  # [B, size-1+T, dim]
-        if T == 1:  # a decoding step: its `size` inputs times the taps, without a conv's overhead
-            acc = torch.promote_types(x.dtype, torch.float32)  # bf16 inputs summed in fp32, as a conv does
-            y = (x.to(acc) * self.weight.t().to(acc)).sum(1, keepdim=True)
-            return F.silu(y).to(x.dtype), self.last(x)
-        y = F.conv1d(x.transpose(1, 2), self.weight[:, None, :].to(x.dtype), groups=x.shape[2])  # [B, dim, T]
-        return F.silu(y.transpose(1, 2)), self.last(x)
-
-    def last(self, x):  # the tail after x [B, T, dim] from a zero past: its last size-1 inputs, a new tensor
-        n = self.weight.shape[1] - 1
-        return F.pad(x[:, max(0, x.shape[1] - n) :], (0, 0, max(0, n - x.shape[1]), 0))
+    def forward(self, x, tail=None):  # x [B, T, dim], tail [B, size-1, dim] -> y [B, T, dim], new tail
+        return conv_silu(x, self.weight, tail)
 
 
 class FeatureMap(nn.Module):
@@ -495,16 +521,6 @@ class FeatureMap(nn.Module):
         return F.linear(x, self.w1, self.b1) * F.linear(x, self.w2, self.b2)
 
 
-def softplus_decay(a, A_log, dt_bias):
-    """Mamba-2's log decay -exp(A_log) * softplus(a + dt_bias) <= 0, fp32: a [B, T, H] with A_log
-    and dt_bias [H] (Gated DeltaNet), or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (KDA)."""
-    kern = _kernels(a)
-    if kern is not None:  # one kernel forward, one backward
-        return kern.softplus_decay(a, A_log, dt_bias)
-    A = A_log.exp().view(-1, *[1] * (a.dim() - 3))  # per head, over a's channels
-    return -A * F.softplus(a + dt_bias.view(a.shape[2:]))
-
-
 def _dt_bias(n):
     """Mamba-2's step init: dt log-uniform in [1e-3, 1e-1], stored as softplus^-1(dt)."""
     dt = torch.exp(torch.empty(n).uniform_(math.log(1e-3), math.log(1e-1)))
@@ -517,128 +533,109 @@ def _A_log(n):
 
 
 class MixerLayer(nn.Module):
-    """What the seven mixers share: Hugging Face-named projections, the short conv, the decoding
-    cache, the output norm and gate. A subclass turns q, k, v and its own projections of x into
-    its recurrence in mix()."""
+    """What the seven mixers share. forward reads as the papers do: project x, short conv, cut
+    into heads, mix (the recurrence), norm and gate, project out. A subclass declares its name,
+    family and decay granularity, the extra projections of x it needs, and turns them into the
+    gates of its recurrence in gates()."""
 
+    name = family = decay = None  # registry key; "additive" or "delta"; None, "head_const", "head", "channel"
+    textbook = None  # the mixer's token-by-token recurrence of section 1 (backend "naive")
     out_norm = None  # per-head output norm: "rms" or "layer"
     out_gate = None  # per-channel output gate from x: "silu" or "sigmoid"
-    x_projs = ()  # the subclass's nn.Linear layers that read x (names of submodules), besides q, k, v
     qk_l2 = False  # L2-normalize q and k per head (after the short conv)
+    backend = None  # "naive", "torch" or "triton"; None: triton for CUDA tensors, torch otherwise
 
     def __init__(self, config, layer_idx):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.head_dim
         self.layer_idx, self.n_head, self.n_kv_head, self.head_dim = layer_idx, H, config.n_kv_head, D
+        self.eps = config.rms_eps
         # every mixer has the teacher's n_head heads of width head_dim: the same state size for all.
         # <-- vs the study's code: head counts differed per mixer (states up to 8x apart)
-        self.q_proj = nn.Linear(C, H * D, bias=False)
-        self.k_proj = nn.Linear(C, H * D, bias=False)  # one key head per query head
-        self.v_proj = nn.Linear(C, H * D, bias=False)
         self.o_proj = nn.Linear(H * D, C, bias=False)
+        # every projection of x in one matmul, as nanoGPT's c_attn: q, k, v (one key head per
+        # query head), then the mixer's own, split by these widths
+        self.widths = self.projections(H, D)
+        self.in_proj = nn.Linear(C, sum(self.widths.values()), bias=False)
         # one switch for every mixer. <-- vs the study's code: only the delta rules had the conv
         self.conv = ShortConv(3 * H * D, config.conv_size) if config.short_conv else None
-        if self.out_norm == "rms":  # weight init 1
-            self.o_norm = _model().RMSNorm(D, config.rms_eps)
-        elif self.out_norm == "layer":  # weight init 1, no bias (xLSTM's multi-head LayerNorm)
-            self.o_norm = nn.LayerNorm(D, eps=config.rms_eps, bias=False)
-        if self.out_gate:
-            self.g_proj = nn.Linear(C, H * D, bias=False)
-            self.x_projs = ("g_proj",) + self.x_projs
-        self._stacked = None  # (key, weights, their stack) kept by _stack for decoding
+        if self.out_norm:  # the norm's weight per channel of a head, shared by the heads; init 1
+            self.o_norm = nn.Parameter(torch.ones(D))
 
-    def project(self, x):
-        """Every nn.Linear that reads x, in one matmul over their stacked weights (one launch and
-        one read of x instead of one each; the same products, biases added after the matmul).
-        Returns qkv [B, T, 3 H D] and a dict from each name in x_projs to its output."""
-        lins = [self.q_proj, self.k_proj, self.v_proj] + [self.get_submodule(n) for n in self.x_projs]
-        ws = [lin.weight for lin in lins]
-        pad = -sum(w.shape[0] for w in ws) % 64  # output rows a multiple of 64: GPU matmuls want aligned rows
-        y = F.linear(x, self._stack(ws, pad))
-        qkv, *outs = y.split([3 * self.n_head * self.head_dim] + [lin.out_features for lin in lins[3:]] + [pad], -1)
-        return qkv, {n: o if lin.bias is None else o + lin.bias for n, lin, o in zip(self.x_projs, lins[3:], outs)}
-
-    def _stack(self, ws, pad):
-        """The weights ws stacked by rows, then pad zero rows: a new torch.cat each call, except
-        in eval mode outside autograd (decoding), where the stack is kept while every weight is
-        the same storage at the same version, so a decoding step does not copy the weights.
-        Held references keep those storages, and so their addresses, from being reused; in-place
-        updates (load_state_dict, optimizer steps) bump the version; a mode switch or a move
-        (.to(), .cpu(), .float()) drops the stack. A write through .data, which has its own
-        version counter, is not seen: switch modes after one."""
-        stack = lambda: torch.cat(ws + [ws[0].new_zeros(pad, ws[0].shape[1])] if pad else ws)  # noqa: E731
-        if (self.training or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
-                or torch.compiler.is_compiling() or any(w.is_inference() for w in ws)):
-            return stack()
-        key = tuple((w.data_ptr(), w._version) for w in ws)
-        if self._stacked is None or self._stacked[0] != key:
-            self._stacked = (key, [w.detach() for w in ws], stack())
-        return self._stacked[2]
-
-    def train(self, mode=True):
-        self._stacked = None
-        return super().train(mode)
-
-    def _apply(self, fn, *args, **kwargs):  # every move or cast of the parameters goes through here
-        self._stacked = None
-        return super()._apply(fn, *args, **kwargs)
-
-    def heads(self, qkv, cache):
-        """q, k, v [B, T, H, D] from qkv [B, T, 3 H D]: the short conv (its tail kept in the cache
-        for decoding), the cut into heads, and the L2 norms when qk_l2."""
-        B, T, _ = qkv.shape
-        H, D = self.n_head, self.head_dim
-        tail = None if cache is None else cache.get("conv")
-        kern = _kernels(qkv) if self.conv is not None and tail is None else None
-        if kern is not None:  # conv, SiLU, the cut into contiguous q, k, v and the norms: one kernel
-            q, k, v = kern.short_conv(qkv, self.conv.weight, parts=3, l2_parts=2 * self.qk_l2, head_dim=D)
-            if cache is not None:
-                cache["conv"] = self.conv.last(qkv)
-            return q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)
-        if self.conv is not None:
-            qkv, tail = self.conv(qkv, tail)
-            if cache is not None:
-                cache["conv"] = tail
-        q, k, v = qkv.view(B, T, 3, H, D).unbind(2)  # each [B, T, H, D]
-        if self.qk_l2:  # unit keys keep every delta-rule write a contraction (beta |k|^2 <= 1)
-            kern = _kernels(q)
-            if kern is not None:
-                return kern.l2_normalize(q), kern.l2_normalize(k), v
-            return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v
-        return q, k, v
+    def projections(self, H, D):
+        """name -> width of each projection of x that in_proj holds, in order."""
+        return {"qkv": 3 * H * D, **({"gate": H * D} if self.out_gate else {})}
 
     def forward(self, x, rope, cache=None):
         """x [B, T, C] -> [B, T, C]. cache: None (training) or this layer's dict: a prefill (T > 1)
         runs the chunked form, T = 1 the step; it holds the state and the conv tail, nothing more."""
         B, T, _ = x.shape
-        H, D = self.n_head, self.head_dim
-        qkv, p = self.project(x)
-        q, k, v = self.heads(qkv, cache)
+        f = forms(self.backend, x)
+        p = dict(zip(self.widths, self.in_proj(x).split(list(self.widths.values()), -1)))  # [B, T, width] each
+        q, k, v = self.heads(f, p["qkv"], cache)  # [B, T, H, D] each
+        q, k, gates = self.gates(f, p, q, k, rope)
         state = None if cache is None else cache.get("state")
-        o, state = self.mix(p, q, k, v, rope, state, step=cache is not None and T == 1)  # [B, T, H, D]
+        if self.backend == "naive":
+            o, state = self.textbook(q, k, v, **gates, initial_state=state)
+        else:
+            o, state = self.mix(f, q, k, v, gates, state, step=cache is not None and T == 1)  # [B, T, H, D]
         if cache is not None:
             cache["state"] = state
-        kern = _kernels(o) if self.out_norm == "rms" else None
-        z = p["g_proj"].reshape(B, T, H, D) if self.out_gate else None
-        if kern is not None:  # norm and gate in one kernel
-            o = kern.rms_norm_gate(o, self.o_norm.weight, z, self.out_gate, self.o_norm.eps)
+        o = self.norm_gate(f, o, p.get("gate"))
+        return self.o_proj(o.reshape(B, T, -1))
+
+    def heads(self, f, qkv, cache):
+        """q, k, v [B, T, H, D] from qkv [B, T, 3 H D]: the short conv (its tail kept in the cache
+        for decoding), the cut into heads, and the L2 norms when qk_l2."""
+        B, T, _ = qkv.shape
+        H, D = self.n_head, self.head_dim
+        tail = None if cache is None else cache.get("conv")
+        if self.conv is not None and tail is None:  # from a zero past (training, a prompt): one op
+            q, k, v = f.short_conv(qkv, self.conv.weight, parts=3, l2_parts=2 * self.qk_l2, head_dim=D)
+            q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)
+            tail = conv_tail(qkv, self.conv.weight.shape[1] - 1)
         else:
-            if self.out_norm:
-                o = self.o_norm(o)
-            if self.out_gate == "silu":
-                o = o * F.silu(z)
-            elif self.out_gate == "sigmoid":
-                o = o * torch.sigmoid(z)
-        return self.o_proj(o.reshape(B, T, H * D))
+            if self.conv is not None:  # decoding: the conv continues from the kept tail
+                qkv, tail = self.conv(qkv, tail)
+            q, k, v = qkv.view(B, T, 3, H, D).unbind(2)
+            if self.qk_l2:  # unit keys keep every delta-rule write a contraction (beta |k|^2 <= 1)
+                q, k = f.l2_normalize(q), f.l2_normalize(k)
+        if cache is not None and self.conv is not None:
+            cache["conv"] = tail
+        return q, k, v
+
+    def gates(self, f, p, q, k, rope):
+        """(q, k, gates): the mixer's feature maps or positions applied to q and k, and the keyword
+        arguments of its recurrence besides q, k, v (beta, the log decay g, ...)."""
+        return q, k, {}
+
+    def mix(self, f, q, k, v, gates, state, step):
+        """The family's recurrence in the forms f: the one-token step when decoding, else chunked."""
+        if self.family == "additive":
+            fn = f.recurrent_step_decay_additive if step else f.chunk_decay_additive
+            return fn(q, k, v, gates.get("g"), state)
+        fn = f.recurrent_step_delta_rule if step else f.chunk_delta_rule
+        return fn(q, k, v, gates["beta"], gates.get("g"), state)
+
+    def norm_gate(self, f, o, z):
+        """The per-head output norm, times the output gate act(z) from x. o [B, T, H, D]."""
+        z = None if z is None else z.view_as(o)
+        if self.out_norm == "rms":
+            return f.rms_norm_gate(o, self.o_norm, z, self.out_gate, self.eps)
+        if self.out_norm == "layer":  # xLSTM's multi-head LayerNorm, no bias
+            o = F.layer_norm(o, o.shape[-1:], self.o_norm, None, self.eps)
+        return o if z is None else o * ACTS[self.out_gate](z)
 
     @torch.no_grad()
     def init_from_attention(self, attn):
-        """Copy q_proj and o_proj from a teacher attention; expand its grouped k_proj and v_proj so
-        that student head h reads teacher KV head h // n_rep (n_rep = n_head // n_kv_head).
-        <-- vs the study's code: it repeated 32-row blocks, misaligning 64-wide heads."""
-        n_rep = self.n_head // self.n_kv_head
-        for name in ("q_proj", "o_proj", "k_proj", "v_proj"):
-            src, dst = getattr(attn, name).weight, getattr(self, name).weight
+        """Copy q_proj and o_proj from a teacher attention into their slices; expand its grouped
+        k_proj and v_proj so that student head h reads teacher KV head h // n_rep (n_rep =
+        n_head // n_kv_head). <-- vs the study's code: it repeated 32-row blocks, misaligning
+        64-wide heads."""
+        n_rep, HD = self.n_head // self.n_kv_head, self.n_head * self.head_dim
+        q, k, v = self.in_proj.weight[: 3 * HD].view(3, HD, -1)  # [H D, C] each, views of in_proj
+        for name, dst in (("q_proj", q), ("k_proj", k), ("v_proj", v), ("o_proj", self.o_proj.weight)):
+            src = getattr(attn, name).weight
             if name in ("k_proj", "v_proj"):  # [H_kv D, C] -> [H_kv, D, C] -> [H D, C]
                 src = src.view(self.n_kv_head, self.head_dim, -1).repeat_interleave(n_rep, 0).flatten(0, 1)
             if src.shape != dst.shape:
@@ -646,124 +643,117 @@ class MixerLayer(nn.Module):
             dst.copy_(src)
 
 
-def _additive(q, k, v, g, state, step):  # the decoding step for one token, else the chunked form
-    fn = step_decay_additive if step else chunk_decay_additive
-    return fn(q, k, v, g, state)
-
-
-def _delta(q, k, v, beta, g, state, step):
-    fn = step_delta_rule if step else chunk_delta_rule
-    return fn(q, k, v, beta, g, state)
-
-
 class LinearAttention(MixerLayer):
     """Linear attention with a learnable feature map; no decay, no normalizer, no output norm."""
+
+    name, family, decay = "linear_attention", "additive", None
+    textbook = staticmethod(linear_attention_recurrent)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         self.q_map, self.k_map = FeatureMap(self.head_dim), FeatureMap(self.head_dim)
 
-    def mix(self, p, q, k, v, rope, state, step):
-        q, k = self.q_map(q), self.k_map(k)
-        if NAIVE:
-            return linear_attention_recurrent(q, k, v, state)
-        return _additive(q, k, v, None, state, step)
+    def gates(self, f, p, q, k, rope):
+        return self.q_map(q), self.k_map(k), {}
 
 
 class RetNet(MixerLayer):
     """Retention: fixed decay gamma_h per head, RoPE on q and k; RMSNorm times swish gate."""
 
+    name, family, decay = "retnet", "additive", "head_const"
+    textbook = staticmethod(retnet_recurrent)  # gamma_h built in
     out_norm, out_gate = "rms", "silu"
 
-    def mix(self, p, q, k, v, rope, state, step):
-        apply_rotary = _model().apply_rotary
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)  # the only student with positions
-        if NAIVE:
-            return retnet_recurrent(q, k, v, state)
+    def gates(self, f, p, q, k, rope):
+        return rope(q), rope(k), {}  # the only student with positions
+
+    def mix(self, f, q, k, v, gates, state, step):
         g = retnet_log_decay(self.n_head, torch.promote_types(q.dtype, torch.float32), q.device)  # [H]
-        return _additive(q, k, v, g, state, step)
+        return super().mix(f, q, k, v, {"g": g}, state, step)
 
 
 class GLA(MixerLayer):
     """Gated linear attention: data-dependent decay per key channel; RMSNorm times swish gate."""
 
+    name, family, decay = "gla", "additive", "channel"
+    textbook = staticmethod(gla_recurrent)
     out_norm, out_gate = "rms", "silu"
-    x_projs = ("gk_proj.0",)  # the first, low-rank half of gk_proj
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        # rank-16 gate; bias init 0, so with small weights a new student decays by about
-        # sigmoid(0)^(1/16) = 0.958 per token: a memory of ~24 tokens
-        H, D = self.n_head, self.head_dim
-        self.gk_proj = nn.Sequential(nn.Linear(config.n_embd, 16, bias=False), nn.Linear(16, H * D))
-        nn.init.zeros_(self.gk_proj[1].bias)
+        # rank-16 gate: in_proj's "decay" rows down to 16, gk_up back to H * D. Bias init 0, so
+        # with small weights a new student decays by about sigmoid(0)^(1/16) = 0.958 per token:
+        # a memory of ~24 tokens
+        self.gk_up = nn.Linear(16, self.n_head * self.head_dim)
+        nn.init.zeros_(self.gk_up.bias)
 
-    def mix(self, p, q, k, v, rope, state, step):
-        log_a = F.logsigmoid(self.gk_proj[1](p["gk_proj.0"])).view_as(k) / 16  # [B, T, H, Dk]; /16 keeps a near 1
-        if NAIVE:
-            return gla_recurrent(q, k, v, log_a, state)
-        return _additive(q, k, v, log_a, state, step)
+    def projections(self, H, D):
+        return super().projections(H, D) | {"decay": 16}
+
+    def gates(self, f, p, q, k, rope):
+        g = F.logsigmoid(self.gk_up(p["decay"])).view_as(k) / 16  # [B, T, H, Dk]; /16 keeps a near 1
+        return q, k, {"g": g}
 
 
 class MLSTM(MixerLayer):
     """xLSTM's mLSTM: exponential input gate, sigmoid forget gate, normalizer; per-head LayerNorm
     times sigmoid output gate."""
 
+    name, family, decay = "mlstm", "additive", "head"  # decay: the forget gate; the input gate goes into k
+    textbook = staticmethod(mlstm_recurrent)
     out_norm, out_gate = "layer", "sigmoid"
-    x_projs = ("i_proj", "f_proj")  # with biases, added after the shared matmul
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         H = self.n_head
-        self.i_proj = nn.Linear(config.n_embd, H)  # input gate pre-activation i~, per head
-        self.f_proj = nn.Linear(config.n_embd, H)  # forget gate pre-activation f~, per head
-        # bias inits: input 0 (i = 1: every token enters at weight one and the normalizer averages,
+        # gate pre-activations i~, f~ per head: in_proj's "input" and "forget" rows plus these biases.
+        # Inits: input 0 (i = 1: every token enters at weight one and the normalizer averages,
         # close to what attention does); forget linspace(3, 6) over heads, as in xLSTM-7B
         # (f = 0.95 .. 0.998, memories of ~20 to ~400 tokens)
-        nn.init.zeros_(self.i_proj.bias)
-        with torch.no_grad():
-            self.f_proj.bias.copy_(torch.linspace(3.0, 6.0, H))
+        self.i_bias = nn.Parameter(torch.zeros(H))
+        self.f_bias = nn.Parameter(torch.linspace(3.0, 6.0, H))
 
-    def mix(self, p, q, k, v, rope, state, step):
-        i_pre, f_pre = softcap(p["i_proj"]), softcap(p["f_proj"])  # [B, T, H] each
-        if NAIVE:
-            return mlstm_recurrent(q, k, v, i_pre, f_pre, state)
-        return mlstm_family(q, k, v, i_pre, f_pre, state, step=step)
+    def projections(self, H, D):
+        return super().projections(H, D) | {"input": H, "forget": H}
+
+    def gates(self, f, p, q, k, rope):
+        return q, k, {"i_pre": softcap(p["input"] + self.i_bias), "f_pre": softcap(p["forget"] + self.f_bias)}
+
+    def mix(self, f, q, k, v, gates, state, step):
+        return mlstm_family(f, q, k, v, gates["i_pre"], gates["f_pre"], state, step=step)
 
 
 class DeltaNet(MixerLayer):
     """DeltaNet: the delta rule with L2-normalized q, k and a learned step beta; per-head RMSNorm."""
 
-    out_norm, qk_l2, x_projs = "rms", True, ("b_proj",)
+    name, family, decay = "deltanet", "delta", None
+    textbook = staticmethod(deltanet_recurrent)
+    out_norm, qk_l2 = "rms", True
 
-    def __init__(self, config, layer_idx):
-        super().__init__(config, layer_idx)
-        self.b_proj = nn.Linear(config.n_embd, self.n_head, bias=False)  # beta = sigmoid(.) ~ 0.5 at init
+    def projections(self, H, D):
+        return super().projections(H, D) | {"beta": H}  # beta = sigmoid(.) ~ 0.5 at init
 
-    def mix(self, p, q, k, v, rope, state, step):
-        beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
-        if NAIVE:
-            return deltanet_recurrent(q, k, v, beta, state)
-        return _delta(q, k, v, beta, None, state, step)
+    def gates(self, f, p, q, k, rope):
+        return q, k, {"beta": torch.sigmoid(p["beta"])}  # [B, T, H]
 
 
 class GatedDeltaNet(DeltaNet):
     """Gated DeltaNet: DeltaNet with a data-dependent decay per head; RMSNorm times swish gate."""
 
+    name, family, decay = "gated_deltanet", "delta", "head"
+    textbook = staticmethod(gated_deltanet_recurrent)
     out_gate = "silu"
-    x_projs = DeltaNet.x_projs + ("a_proj",)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
-        self.a_proj = nn.Linear(config.n_embd, self.n_head, bias=False)
         self.A_log, self.dt_bias = _A_log(self.n_head), _dt_bias(self.n_head)  # Mamba-2 inits
 
-    def mix(self, p, q, k, v, rope, state, step):
-        beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
-        log_a = softplus_decay(p["a_proj"], self.A_log, self.dt_bias)  # [B, T, H], <= 0
-        if NAIVE:
-            return gated_deltanet_recurrent(q, k, v, beta, log_a, state)
-        return _delta(q, k, v, beta, log_a, state, step)
+    def projections(self, H, D):
+        return super().projections(H, D) | {"decay": H}
+
+    def gates(self, f, p, q, k, rope):
+        g = f.softplus_decay(p["decay"], self.A_log, self.dt_bias)  # [B, T, H], <= 0
+        return q, k, {"beta": torch.sigmoid(p["beta"]), "g": g}
 
 
 class KDA(DeltaNet):
@@ -771,59 +761,26 @@ class KDA(DeltaNet):
     RMSNorm times sigmoid gate. <-- vs the study's code: the gate multiplies the normed output
     (its code added it into the RMSNorm instead)."""
 
+    name, family, decay = "kda", "delta", "channel"
+    textbook = staticmethod(kda_recurrent)
     out_gate = "sigmoid"
-    x_projs = DeltaNet.x_projs + ("f_proj.0",)
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         H, D = self.n_head, self.head_dim
-        # low-rank decay projection (rank head_dim, as in Kimi Linear); A per head, dt per channel
-        self.f_proj = nn.Sequential(nn.Linear(config.n_embd, D, bias=False), nn.Linear(D, H * D, bias=False))
+        # low-rank decay (rank head_dim, as in Kimi Linear): in_proj's "decay" rows, then f_up;
+        # A per head, dt per channel
+        self.f_up = nn.Linear(D, H * D, bias=False)
         self.A_log, self.dt_bias = _A_log(H), _dt_bias(H * D)
 
-    def mix(self, p, q, k, v, rope, state, step):
-        beta = torch.sigmoid(p["b_proj"])  # [B, T, H]
-        log_a = softplus_decay(self.f_proj[1](p["f_proj.0"]).view_as(k), self.A_log, self.dt_bias)  # [B, T, H, Dk]
-        if NAIVE:
-            return kda_recurrent(q, k, v, beta, log_a, state)
-        return _delta(q, k, v, beta, log_a, state, step)
+    def projections(self, H, D):
+        return super().projections(H, D) | {"decay": D}
+
+    def gates(self, f, p, q, k, rope):
+        g = f.softplus_decay(self.f_up(p["decay"]).view_as(k), self.A_log, self.dt_bias)  # [B, T, H, Dk]
+        return q, k, {"beta": torch.sigmoid(p["beta"]), "g": g}
 
 
-LAYERS = dict(zip(MIXERS, (LinearAttention, RetNet, GLA, MLSTM, DeltaNet, GatedDeltaNet, KDA)))
-
-
-def build_mixer(config, layer_idx):
-    """The token mixer named config.mixer for layer layer_idx."""
-    if config.mixer not in LAYERS:
-        raise ValueError(f"unknown mixer {config.mixer!r}; valid mixers: {', '.join(MIXERS)}")
-    return LAYERS[config.mixer](config, layer_idx)
-
-
-def student_from_teacher(teacher, mixer, **config_overrides):
-    """A student model.SmolLM2 whose layers use `mixer`, initialized from the teacher: every
-    teacher tensor is either copied to the same name and shape or consumed by a mixer layer's
-    init_from_attention; every student tensor the teacher lacks belongs to a mixer layer."""
-    config = dataclasses.replace(teacher.config, mixer=mixer, **config_overrides)
-    p = next(teacher.parameters())
-    student = _model().SmolLM2(config).to(device=p.device, dtype=p.dtype)
-    own, theirs = student.state_dict(), teacher.state_dict()
-    consumed, new = set(), set()
-    for i, layer in enumerate(student.model.layers):
-        if isinstance(layer.self_attn, MixerLayer):
-            attn = teacher.model.layers[i].self_attn
-            layer.self_attn.init_from_attention(attn)
-            prefix = f"model.layers.{i}.self_attn."
-            consumed |= {prefix + name for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")}
-            new |= {prefix + name for name in layer.self_attn.state_dict()}
-    with torch.no_grad():
-        for key, value in theirs.items():
-            if key in consumed:
-                continue
-            if key not in own or own[key].shape != value.shape:
-                shape = tuple(own[key].shape) if key in own else "absent"
-                raise ValueError(f"teacher tensor {key} {tuple(value.shape)} has no student match ({shape})")
-            own[key].copy_(value)
-    orphans = set(own) - set(theirs) - new
-    if orphans:
-        raise ValueError(f"student tensors neither copied nor new in a mixer: {sorted(orphans)[:5]}")
-    return student
+LAYERS = {c.name: c for c in (LinearAttention, RetNet, GLA, MLSTM, DeltaNet, GatedDeltaNet, KDA)}
+MIXERS = tuple(LAYERS)  # the seven students, in the study's order
+FAMILY = {name: (c.family, c.decay) for name, c in LAYERS.items()}

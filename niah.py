@@ -36,7 +36,7 @@ import uuid
 import numpy as np
 import torch
 
-from sample import load_args, model_args
+import checkpoint
 
 GRASS = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 WORDS = ("apple ocean violin marble garden rocket silver thunder lantern meadow puzzle harbor "
@@ -60,7 +60,7 @@ INSTRUCTION = ("Some special magic {what} are hidden within the following text. 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype
+    checkpoint.add_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype
     p.add_argument("--full", action="store_true", help="GPU setting: lengths up to 8k, 30 prompts per cell")
     p.add_argument("--lengths", default=None, help="prompt lengths in tokens (default 512,1024,2048; --full adds 4096,8192)")
     p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
@@ -272,7 +272,7 @@ def heatmap(acc, lengths, depths, path, title):
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
-    net, tok = load_args(args)
+    net, tok = checkpoint.load_from_args(args)
     name = args.mixer or os.path.splitext(os.path.basename(args.init_from.rstrip("/")))[0]
     out_dir = args.out_dir or os.path.join("out", "niah", name)
     hay = Haystack(tok, args.filler, args.data)

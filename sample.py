@@ -5,6 +5,7 @@ Generate text from the teacher or from a student, streaming tokens as they come.
     python sample.py --chat="Give me three tips for sleeping well."
     python sample.py --init_from=out/gated_deltanet/ckpt.pt --chat="Hi!"
     python sample.py --mixer=gated_deltanet --prompt="Hello"   # untrained student from the teacher
+    python sample.py --mixer=kda --backend=naive --max_new_tokens=8   # its textbook recurrence
 
 Teachers decode with a key/value cache; students carry their recurrent state (and short-conv
 tail), so their memory does not grow with the length of the text.
@@ -17,23 +18,12 @@ import time
 
 import torch
 
-import model as M
-from tokenizer import load_tokenizer
-
-
-def model_args(p):
-    """The options of every script that runs a model (sample.py, niah.py, evaluate.py); load()
-    takes them."""
-    p.add_argument("--init_from", default="default", help="'default' (offline SmolLM2-135M-Instruct), .gguf, snapshot folder, hub id or .pt checkpoint")
-    p.add_argument("--tokenizer", default=None, help="where the vocabulary comes from (default: init_from, or the offline teacher for .pt)")
-    p.add_argument("--mixer", default=None, help="build an untrained student with this mixer from the model")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32", choices=["float32", "bfloat16", "float16"])
+import checkpoint
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    model_args(p)
+    checkpoint.add_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype, --backend
     p.add_argument("--prompt", default="Once upon a time", help="plain-text prompt")
     p.add_argument("--chat", default=None, help="a user message, wrapped in the ChatML template")
     p.add_argument("--max_new_tokens", type=int, default=128)
@@ -47,32 +37,10 @@ def get_args(argv=None):
     return args
 
 
-def load(init_from, mixer=None, tokenizer=None, device="cpu", dtype="float32"):
-    """(model in eval mode, tokenizer) for the scripts that run a model: sample.py, niah.py,
-    evaluate.py. mixer: an untrained student of that model. A .pt checkpoint holds no
-    vocabulary: its tokenizer is the offline teacher's unless `tokenizer` says otherwise."""
-    net = M.from_pretrained(init_from, dtype=getattr(torch, dtype), device=device)
-    if mixer:
-        import mixers
-
-        net = mixers.student_from_teacher(net, mixer).to(device=device, dtype=getattr(torch, dtype))
-    tok = load_tokenizer(tokenizer or (init_from if not init_from.endswith(".pt") else "default"))
-    return net.eval(), tok
-
-
-def load_args(args):
-    """load() from the options model_args added; a missing or bad checkpoint ends the script
-    with its message instead of a traceback."""
-    try:
-        return load(args.init_from, args.mixer, args.tokenizer, args.device, args.dtype)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: {e}")
-
-
 def main(argv=None):
     args = get_args(argv)
     torch.manual_seed(args.seed)
-    net, tok = load_args(args)
+    net, tok = checkpoint.load_from_args(args)
     if args.chat is not None:
         ids, _ = tok.encode_chat([{"role": "user", "content": args.chat}], add_generation_prompt=True)
         stops = {tok.im_end_id, tok.eot_id}

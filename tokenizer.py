@@ -179,12 +179,9 @@ def _from_tokenizer_json(path):
     return tokens, special
 
 
-def load_tokenizer(init_from="default"):
-    """The tokenizer of a checkpoint: a GGUF file, a snapshot folder (tokenizer.json), a hub id
-    (resolved like model.py resolves weights), or 'default' (the offline SmolLM2-135M-Instruct)."""
-    from model import resolve_checkpoint  # one resolver for weights and vocabulary
-
-    path = resolve_checkpoint(init_from)
+def load_tokenizer(path):
+    """The tokenizer of a local checkpoint: a GGUF file or a snapshot folder (tokenizer.json).
+    checkpoint.load_tokenizer also takes 'default' and hub ids."""
     if os.path.isdir(path):
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.exists(tj):

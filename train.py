@@ -6,6 +6,7 @@ Train a linear-time student of a SmolLM2 teacher, one stage at a time, in one lo
     python train.py --mixer=gated_deltanet --stage=3     # starts from .../stage2.pt
     python train.py --mixer=gated_deltanet --stage=sft   # starts from .../stage3.pt; ChatML
     python train.py --mixer=gated_deltanet --stage=1 --teacher=HuggingFaceTB/SmolLM2-360M-Instruct
+    python train.py --mixer=kda --stage=1 --softmax_layers=7,15,23   # a hybrid student
     torchrun --standalone --nproc_per_node=2 train.py --mixer=gated_deltanet --stage=3
 
 distill.py says what each stage is. Every setting in the block below can be given as
@@ -29,6 +30,8 @@ References:
 2) Hu et al. 2024, MiniCPM (warmup-stable-decay schedule)
 """
 
+import argparse
+import difflib
 import math
 import os
 import sys
@@ -36,35 +39,39 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 import distill
+from data import Data, need
 import mixers
 import model as M
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository, home of data/
-GPU = torch.cuda.is_available()  # the defaults below are sized for one H200 when True, 2 CPU cores otherwise
 
 
 @dataclass
 class Settings:
     # --- what to train ---
-    mixer: str = "gated_deltanet"  # student token mixer: one of mixers.MIXERS, or "attention" (a copy of the teacher)
+    mixer: str = "gated_deltanet"  # student token mixer: one of model.MIXERS ("attention": a copy of the teacher)
     stage: str = "1"  # "1", "2", "3", "sft" or "lm"; distill.py says what each is
-    teacher: str = "default"  # anything model.from_pretrained takes; 'default' = offline SmolLM2-135M-Instruct
+    teacher: str = "default"  # anything checkpoint.load takes; 'default' = offline SmolLM2-135M-Instruct
     init_from: str = ""  # where the student starts; "" = the previous stage's checkpoint (stages 1, lm: the teacher)
     out_dir: str = "out"  # checkpoint <out_dir>/<mixer>/stage<N>.pt and its plot stage<N>.png
     resume: bool = True  # continue from this stage's own checkpoint when it exists; false starts over
+    # --- a new student (stages 1, lm); later stages take the architecture from their checkpoint ---
+    softmax_layers: str = ""  # layers kept as softmax attention, e.g. "7,15,23": a hybrid student
+    window: int = 512  # keys seen by sliding-window attention (--mixer=swa)
+    short_conv: bool = True  # the short causal conv on q, k, v, for every mixer alike
     # --- data ---
     data_dir: str = ""  # "" = data/offline (stages 1-3, lm); sft: data/smoltalk when prepared, else data/chat_offline
-    block_size: int = 512 if GPU else 256  # tokens per sequence (the study: 512; its SFT: 1024)
-    batch_size: int = 16 if GPU else 2  # sequences per micro-step, per GPU
-    grad_accum: int = 4 if GPU else 1  # micro-steps per optimizer step: GPU 16*512*4 = 32k tokens per step and GPU
+    block_size: int = 256  # tokens per sequence (the study: 512; its SFT: 1024)
+    batch_size: int = 2  # sequences per micro-step, per GPU
+    grad_accum: int = 1  # micro-steps per optimizer step
     # --- optimization ---
-    max_iters: int = 0 if GPU else 40  # optimizer steps; 0 = the stage's token budget (distill.STAGES)
+    max_iters: int = 40  # optimizer steps; 0 = the stage's token budget (distill.STAGES)
     learning_rate: float = 0.0  # peak lr; 0 = the stage's (1: 2e-4, 2: 2e-3, 3: 3e-4, sft: 3e-4)
     schedule: str = ""  # "wsd" (warmup, stable, linear decay) or "cosine"; "" = the stage's (sft: cosine)
     warmup_frac: float = 0.05  # first 5% of steps: linear warmup from 0
@@ -79,16 +86,25 @@ class Settings:
     kl_weight: float = 1.0  # the study: 1
     temperature: float = 1.0  # softens both distributions in the KL (which is then scaled by T^2)
     # --- eval and logging ---
-    eval_interval: int = 250 if GPU else 20  # steps between evals (each also writes the checkpoint)
-    eval_iters: int = 20 if GPU else 2  # val batches per eval: the same fixed batches every time
-    log_interval: int = 10 if GPU else 1  # steps between log lines (each one waits for the GPU)
+    eval_interval: int = 20  # steps between evals (each also writes the checkpoint)
+    eval_iters: int = 2  # val batches per eval: the same fixed batches every time
+    log_interval: int = 1  # steps between log lines (each one waits for the GPU)
     # --- system ---
-    device: str = "cuda" if GPU else "cpu"  # torchrun picks cuda:<local rank> itself
+    device: str = "cpu"  # torchrun picks cuda:<local rank> itself
     dtype: str = "bfloat16"  # autocast dtype, "bfloat16" or "float32" (= no autocast); weights stay fp32
+    backend: str = ""  # the mixers' form: "naive", "torch" or "triton"; "" = triton on CUDA, torch otherwise
     compile: bool = False  # torch.compile the student and its loss
     profile: int = 0  # > 0: profile this many steps after 3 warm-up steps, write <ckpt>_profile.txt/.json, stop
     seed: int = 1337  # new mixer weights and the order of batches
-    peak_tflops: float = 989.0 if GPU else 0.0  # per device, for MFU (H100/H200 dense bf16); 0 = no MFU
+    peak_tflops: float = 0.0  # per device, for MFU; 0 = no MFU
+
+
+# The defaults above are sized for 2 CPU cores. On a GPU these replace them, sized for one H200:
+GPU_DEFAULTS = dict(
+    block_size=512, batch_size=16, grad_accum=4,  # 16 * 512 * 4 = 32k tokens per step and GPU
+    max_iters=0,  # the stage's token budget
+    eval_interval=250, eval_iters=20, log_interval=10,
+    device="cuda", peak_tflops=989.0)  # H100/H200 dense bf16
 
 
 def fail(msg):
@@ -100,32 +116,50 @@ KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a st
 
 
 def parse_args(argv):
-    """['--key=value', ...] -> {key: typed value}; every error names the key and its type."""
-    types = {f.name: type(f.default) for f in fields(Settings)}
-    given = {}
-    for arg in argv:
-        key, eq, value = arg[2:].partition("=")
-        if not arg.startswith("--") or key not in types:
-            import difflib
-
-            near = difflib.get_close_matches(key, types, n=1)
-            hint = f" (did you mean --{near[0]}?)" if near else ""
-            fail(f"unknown setting {arg!r}{hint}; settings are --key=value with key one of: {', '.join(types)}")
-        t = types[key]
-        if not eq:  # a bare --key switches a bool on
-            if t is not bool:
-                fail(f"--{key} needs a value: --{key}=<{t.__name__}>")
-            value = "true"
-        try:
-            if t is bool:
-                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                given[key] = value.lower() in ("true", "1", "yes")
-            else:
-                given[key] = t(value)
-        except ValueError:
+    """['--key=value', ...] -> {key: typed value}, only what argv gives; errors name the key and the type."""
+    parser = argparse.ArgumentParser(prog="train.py", allow_abbrev=False, add_help=True)
+    parser.error = fail  # one line, no usage block
+    for f in fields(Settings):
+        def typed(value, t=f.type, key=f.name):
+            if t is bool and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+                return value.lower() in ("true", "1", "yes")
+            try:
+                if t is not bool:
+                    return t(value)
+            except ValueError:
+                pass
             fail(f"--{key}={value!r}: expected {KINDS[t]}")
-    return given
+        bare = dict(nargs="?", const=True) if f.type is bool else {}  # a bare --key switches a bool on
+        parser.add_argument(f"--{f.name}", type=typed, default=argparse.SUPPRESS, **bare)
+    given, unknown = parser.parse_known_args(argv)
+    if unknown:
+        near = difflib.get_close_matches(unknown[0][2:].partition("=")[0], [f.name for f in fields(Settings)], n=1)
+        fail(f"unknown setting {unknown[0]!r}{f' (did you mean --{near[0]}?)' if near else ''}; "
+             f"settings are --key=value with key one of: {', '.join(f.name for f in fields(Settings))}")
+    return vars(given)
+
+
+def settings(argv):
+    """The run's Settings, checked before any long work, and this stage's checkpoint when resuming."""
+    given = parse_args(argv)
+    s = Settings(**{**(GPU_DEFAULTS if torch.cuda.is_available() else {}), **given})
+    state = None  # this stage's own checkpoint (optimizer, step, history)
+    if s.resume and os.path.exists(ckpt_path(s)):
+        state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)
+        known = {f.name for f in fields(Settings)}  # a setting since removed is dropped
+        s = Settings(**{**{k: v for k, v in state["settings"].items() if k in known}, **given})
+    if s.stage not in distill.STAGES:
+        fail(f"--stage={s.stage!r}: expected one of {', '.join(distill.STAGES)}")
+    if s.dtype not in ("bfloat16", "float32"):
+        fail(f"--dtype={s.dtype!r}: expected bfloat16 or float32")
+    for check, key in ((M.check_mixer, "mixer"), (lambda b: mixers.check_backend(b or None, s.device), "backend")):
+        try:
+            check(getattr(s, key))
+        except ValueError as e:
+            fail(f"--{key}={getattr(s, key)!r}: {e}")
+    if s.softmax_layers and not all(i.strip().isdigit() for i in s.softmax_layers.split(",")):
+        fail(f"--softmax_layers={s.softmax_layers!r}: expected layer numbers such as 7,15,23")
+    return s, state
 
 
 def resolve(s, tokens_per_step):
@@ -141,7 +175,10 @@ def resolve(s, tokens_per_step):
         fail(f"--schedule={s.schedule!r}: expected wsd or cosine")
     if s.max_iters <= 0:  # the study's tokens for this stage, or one epoch
         train_bin = os.path.join(s.data_dir, "train.bin")
-        need(train_bin)
+        try:
+            need(train_bin)
+        except FileNotFoundError as e:
+            fail(e)
         tokens = stage["tokens"] or os.path.getsize(train_bin) // 2
         s.max_iters = max(1, tokens // tokens_per_step)
 
@@ -162,68 +199,6 @@ def lr_at(step, s):
 
 
 # ---------------------------------------------------------------------------------------------
-# Data: nanoGPT's uint16 token files (data/README.md), and uint8 loss masks for chat corpora
-
-
-def need(path):
-    """Stop with the command that builds a missing data file."""
-    if not os.path.exists(path):
-        prep = os.path.join(os.path.dirname(path), "prepare.py")
-        how = f"build it with: python {os.path.relpath(prep)}" if os.path.exists(prep) else \
-            "expected uint16 token files train.bin and val.bin (chat: and uint8 train_mask.bin, val_mask.bin)"
-        fail(f"{path} not found; {how}")
-
-
-class Data:
-    """Windows of block_size + 1 tokens from <data_dir>/<split>.bin.
-
-    Text windows start anywhere; chat windows start at a conversation (after an
-    <|endoftext|>, id 0) and their targets are -1 (no loss) wherever <split>_mask.bin is 0.
-    """
-
-    def __init__(self, data_dir, split, block_size, chat):
-        self.path, self.T, self.chat = os.path.join(data_dir, f"{split}.bin"), block_size, chat
-        self.mask_path = os.path.join(data_dir, f"{split}_mask.bin")
-        for p in [self.path] + ([self.mask_path] if chat else []):
-            need(p)
-        tokens = np.memmap(self.path, dtype=np.uint16, mode="r")
-        if len(tokens) <= block_size + 1:
-            fail(f"{self.path}: {len(tokens)} tokens, fewer than one window of --block_size={block_size}")
-        self.max_id = int(tokens.max())  # checked against the vocabulary once the model is loaded
-        last = len(tokens) - block_size - 1  # the last position a window may start at
-        self.starts = None  # text: window i starts at token i, for i in [0, n)
-        self.n = last + 1
-        if chat:  # window i starts at conversation i, of those that leave room for a whole window
-            starts = np.concatenate([[0], np.flatnonzero(np.asarray(tokens) == 0) + 1])
-            self.starts = starts[starts <= last]
-            self.n = len(self.starts)
-
-    def get(self, ix, device):
-        """x, y [len(ix), T] int64: windows number ix (see __init__), inputs and next tokens."""
-        tokens = np.memmap(self.path, dtype=np.uint16, mode="r")  # reopened each time (nanoGPT: avoids a leak)
-        pos = ix if self.starts is None else self.starts[ix]
-        x = torch.from_numpy(np.stack([tokens[i:i + self.T] for i in pos]).astype(np.int64))  # (B, T)
-        y = torch.from_numpy(np.stack([tokens[i + 1:i + 1 + self.T] for i in pos]).astype(np.int64))
-        if self.chat:  # loss only where the mask says so (the assistant's tokens)
-            mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
-            keep = torch.from_numpy(np.stack([mask[i + 1:i + 1 + self.T] for i in pos]).astype(bool))
-            y = y.masked_fill(~keep, -1)
-        return x.to(device), y.to(device)
-
-    def sample(self, B, seed, step, part, device):
-        """Part `part` of step `step`'s batch (part = micro-step * GPUs + rank): a pure function
-        of its coordinates, so a resumed run draws exactly the batches the interrupted one would
-        have, and a step's batch is the same however it is split over GPUs and micro-steps."""
-        rng = np.random.default_rng([seed, step, part])
-        return self.get(rng.integers(0, self.n, size=B), device)
-
-    def fixed(self, n, B, device):
-        """n batches of evenly spaced windows: the same val set at every eval."""
-        ix = np.linspace(0, self.n - 1, n * B).astype(np.int64)
-        return [self.get(ix[i * B:(i + 1) * B], device) for i in range(n)]
-
-
-# ---------------------------------------------------------------------------------------------
 # Models and checkpoints
 
 
@@ -233,7 +208,7 @@ def ckpt_path(s, stage=None):
 
 def load(init_from, what):
     try:
-        return M.from_pretrained(init_from)
+        return checkpoint.load(init_from)
     except (FileNotFoundError, ValueError) as e:
         fail(f"{what}={init_from}: {e}")
 
@@ -248,7 +223,12 @@ def build_student(s, teacher, resuming):
         src = s.init_from
     elif start == "teacher":
         torch.manual_seed(s.seed)  # the mixers' new weights
-        return mixers.student_from_teacher(teacher, s.mixer)
+        hybrid = tuple(int(i) for i in s.softmax_layers.split(",")) if s.softmax_layers else ()
+        try:
+            return checkpoint.student_from_teacher(teacher, s.mixer, softmax_layers=hybrid, window=s.window,
+                                                   short_conv=s.short_conv)
+        except ValueError as e:
+            fail(f"--teacher={s.teacher}: {e}")
     else:
         src = ckpt_path(s, start)
         if not os.path.exists(src):
@@ -264,9 +244,8 @@ def build_student(s, teacher, resuming):
 
 
 def save(path, student, optimizer, step, s, history):
-    """One checkpoint through model.save_checkpoint (written whole, then renamed)."""
-    M.save_checkpoint(path, student, optimizer=optimizer.state_dict(), step=step,
-                      settings=asdict(s), history=history)
+    """One checkpoint through checkpoint.save (written whole, then renamed)."""
+    checkpoint.save(path, student, optimizer=optimizer.state_dict(), step=step, settings=asdict(s), history=history)
 
 
 def plot(history, path):
@@ -301,55 +280,36 @@ def plot(history, path):
     os.replace(path + ".tmp", path)
 
 
-class Profile:
-    """--profile=N: torch.profiler over N steps after 3 warm-up steps. Writes <base>_profile.txt
-    (ops by self time on the device, or on the CPU without one) and <base>_profile.json (a
-    Chrome trace for chrome://tracing or ui.perfetto.dev), and logs wall time per step against
-    the time the device was busy: far apart, the step waits on Python and kernel launches."""
+def profiler(s, dev_type):
+    """--profile=N: torch.profiler over N steps after 3 warm-up steps (scripts/step_parts.py times
+    a step part by part)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
-    WARMUP = 3
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev_type == "cuda" else [])
+    prof = profile(activities=acts, schedule=schedule(wait=0, warmup=PROFILE_WARMUP, active=s.profile, repeat=1))
+    prof.start()
+    return prof
 
-    def __init__(self, s, dev_type, step):
-        from torch.profiler import ProfilerActivity, profile, schedule
 
-        self.n, self.cuda, self.first = s.profile, dev_type == "cuda", step
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.prof = profile(activities=acts, schedule=schedule(wait=0, warmup=self.WARMUP, active=self.n, repeat=1))
-        self.prof.start()
-        self.t0 = None
+PROFILE_WARMUP = 3
 
-    def step(self, step, master, base):
-        """Call after each optimizer step; True once the profiled steps are done."""
-        if self.cuda:
-            torch.cuda.synchronize()
-        done = step - self.first
-        if done == self.WARMUP:
-            self.t0 = time.time()
-        if done < self.WARMUP + self.n:
-            self.prof.step()
-            return False
-        wall = (time.time() - self.t0) / self.n
-        self.prof.stop()
-        if master:
-            ops = self.prof.key_averages()
-            if self.cuda:  # the kernels (and copies) themselves: ops carry their kernels' time too
-                key = "self_device_time_total"
-                # (not the step markers, which the profiler also puts on the device's timeline)
-                busy = sum(e.self_device_time_total for e in ops if e.device_type == torch.autograd.DeviceType.CUDA
-                           and not e.is_user_annotation and not e.key.startswith("ProfilerStep"))
-            else:  # ops' own time; ProfilerStep's own time is the Python between ops
-                key = "self_cpu_time_total"
-                busy = sum(e.self_cpu_time_total for e in ops if not e.key.startswith("ProfilerStep"))
-            busy = busy / 1e6 / self.n  # seconds a step (the totals are in us)
-            where = "device" if self.cuda else "CPU in ops (the Python between ops left out)"
-            summary = (f"profile: {self.n} steps after {self.WARMUP} warm-up, {wall * 1000:.1f} ms a step, "
-                       f"{where} busy {busy * 1000:.1f} ms a step ({busy / wall:.0%})")
-            os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
-            with open(base + "_profile.txt", "w") as f:
-                f.write(summary + "\n\n" + ops.table(sort_by=key, row_limit=40) + "\n")
-            self.prof.export_chrome_trace(base + "_profile.json")
-            print(f"{summary}\nwrote {base}_profile.txt and {base}_profile.json", flush=True)
-        return True
+
+def write_profile(prof, s, wall, base, cuda):
+    """<base>_profile.txt (ops by self time on the device, or on the CPU without one) and
+    <base>_profile.json (a Chrome trace for ui.perfetto.dev); logs wall time per step against the
+    time the device was busy: far apart, the step waits on Python and kernel launches."""
+    ops = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy = sum(getattr(e, key) for e in ops if not e.key.startswith("ProfilerStep") and not e.is_user_annotation
+               and (not cuda or e.device_type == torch.autograd.DeviceType.CUDA)) / 1e6 / s.profile  # s a step
+    where = "device" if cuda else "CPU in ops (the Python between ops left out)"
+    summary = (f"profile: {s.profile} steps after {PROFILE_WARMUP} warm-up, {wall * 1000:.1f} ms a step, "
+               f"{where} busy {busy * 1000:.1f} ms a step ({busy / wall:.0%})")
+    os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+    with open(base + "_profile.txt", "w") as f:
+        f.write(summary + "\n\n" + ops.table(sort_by=key, row_limit=40) + "\n")
+    prof.export_chrome_trace(base + "_profile.json")
+    print(f"{summary}\nwrote {base}_profile.txt and {base}_profile.json", flush=True)
 
 
 @torch.no_grad()
@@ -382,22 +342,10 @@ def clock(seconds):
 
 def main(argv=None):
     """Train one stage; returns the loss history (a dict of lists, as stored in the checkpoint)."""
-    given = parse_args(sys.argv[1:] if argv is None else argv)  # only what the command line says
-    s = Settings(**given)  # ... on top of the defaults
-    if s.stage not in distill.STAGES:
-        fail(f"--stage={s.stage!r}: expected one of {', '.join(distill.STAGES)}")
-    if s.mixer not in mixers.MIXERS + ("attention",):
-        fail(f"--mixer={s.mixer!r}: expected one of {', '.join(mixers.MIXERS)}, or attention")
-    if s.dtype not in ("bfloat16", "float32"):
-        fail(f"--dtype={s.dtype!r}: expected bfloat16 or float32")
-    state = None  # this stage's own checkpoint, when resuming
-    if s.resume and os.path.exists(ckpt_path(s)):
-        state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)  # optimizer, step, history
-        known = {f.name for f in fields(Settings)}  # a setting since removed is dropped
-        s = Settings(**{**{k: v for k, v in state["settings"].items() if k in known}, **given})
-        if 0 < s.max_iters <= state["step"]:
-            print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); --resume=false starts over")
-            return state["history"]
+    s, state = settings(sys.argv[1:] if argv is None else argv)
+    if state is not None and 0 < s.max_iters <= state["step"]:
+        print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); --resume=false starts over")
+        return state["history"]
 
     ddp = "RANK" in os.environ  # launched by torchrun: one process per GPU (or CPU processes, gloo)
     if ddp:
@@ -413,16 +361,20 @@ def main(argv=None):
     tokens_per_step = s.batch_size * s.block_size * s.grad_accum * world
     chat = distill.STAGES[s.stage]["data"] == "chat"
     resolve(s, tokens_per_step)
-
-    train_data = Data(s.data_dir, "train", s.block_size, chat)
-    val_data = Data(s.data_dir, "val", s.block_size, chat)
+    try:
+        train_data, val_data = (Data(s.data_dir, split, s.block_size, chat) for split in ("train", "val"))
+    except (FileNotFoundError, ValueError) as e:
+        fail(e)
 
     # the teacher (frozen) and the student
     teacher = load(s.teacher, "--teacher")
-    student = build_student(s, teacher, state is not None)
+    student = build_student(s, teacher, state is not None).set_backend(s.backend or None)
     for k in ("vocab_size", "n_layer", "n_embd"):
         if getattr(student.config, k) != getattr(teacher.config, k):
             fail(f"student and teacher differ in {k} ({getattr(student.config, k)} vs {getattr(teacher.config, k)})")
+    for d in (train_data, val_data):
+        if d.max_id >= student.config.vocab_size:
+            fail(f"{d.path}: token id {d.max_id} is outside the model's vocabulary ({student.config.vocab_size})")
     ptdtype = getattr(torch, s.dtype)
     dev_type = "cuda" if "cuda" in device else "cpu"
     # the frozen teacher can live in bf16 on a GPU (half the memory, no casts under autocast)
@@ -430,19 +382,14 @@ def main(argv=None):
     teacher.requires_grad_(False)
     student = student.to(device)  # fp32 master weights
     ctx = torch.autocast(dev_type, dtype=ptdtype) if s.dtype != "float32" else nullcontext()
-
-    for d in (train_data, val_data):
-        if d.max_id >= student.config.vocab_size:
-            fail(f"{d.path}: token id {d.max_id} is outside the model's vocabulary ({student.config.vocab_size})")
     val_batches = val_data.fixed(s.eval_iters, s.batch_size, device)  # the same at every eval
 
     # what learns, the optimizer (decay on matrices only), the loss module
     params = distill.set_trainable(student, s.stage)
     groups = [{"params": [p for _, p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
               {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=s.learning_rate, betas=(s.beta1, s.beta2),
-                                  fused=dev_type == "cuda")
-    loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature)
+    optimizer = torch.optim.AdamW(groups, lr=s.learning_rate, betas=(s.beta1, s.beta2), fused=dev_type == "cuda")
+    loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature, s.backend or None)
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
     train_model = torch.compile(loss_model) if s.compile else loss_model
     if ddp:
@@ -475,10 +422,8 @@ def main(argv=None):
 
     if master and step == 0 and not s.profile:
         eval_and_save()  # where the student starts
-    prof = None
-    if s.profile:
-        s.max_iters = max(s.max_iters, step + Profile.WARMUP + s.profile)
-        prof = Profile(s, dev_type, step)
+    if s.profile:  # a measurement: no eval, no checkpoint
+        s.max_iters, prof, first = max(s.max_iters, step + PROFILE_WARMUP + s.profile), profiler(s, dev_type), step
     t_last, step_last, ema = time.time(), step, None
     while step < s.max_iters:
         # the learning rate is a function of the step alone (so resuming needs no schedule state)
@@ -501,9 +446,19 @@ def main(argv=None):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        if prof is not None and prof.step(step, master, ckpt_path(s)[:-3]):
-            break  # profiling is a measurement: no eval, no checkpoint
 
+        if s.profile:
+            if dev_type == "cuda":
+                torch.cuda.synchronize()
+            if step - first == PROFILE_WARMUP:
+                t0 = time.time()
+            if step - first < PROFILE_WARMUP + s.profile:
+                prof.step()
+                continue
+            prof.stop()
+            if master:
+                write_profile(prof, s, (time.time() - t0) / s.profile, ckpt_path(s)[:-3], dev_type == "cuda")
+            break
         if step % s.log_interval == 0 or step == s.max_iters:
             loss_val = float(loss_sum)  # waits for the device
             history["train"].append((step, loss_val))
@@ -516,7 +471,7 @@ def main(argv=None):
             bar = "#" * (20 * step // s.max_iters)
             log(f"step {step}/{s.max_iters} [{bar:.<20}] loss {loss_val:.4f} | lr {lr:.2e} | "
                 f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | eta {clock(ema * (s.max_iters - step))}")
-        if master and not s.profile and (step % s.eval_interval == 0 or step == s.max_iters):
+        if master and (step % s.eval_interval == 0 or step == s.max_iters):
             eval_and_save()
             t_last = time.time()  # eval time is not step time
     if ddp:

@@ -45,9 +45,9 @@ EOT_ID = 0  # <|endoftext|> in SmolLM2's vocabulary; asserted against the tokeni
 def load_tokenizer(init_from="default"):
     """The project's tokenizer (tokenizer.py), checked for what the .bin format assumes.
     Cached: reading the vocabulary out of a GGUF file takes seconds."""
-    import tokenizer
+    import checkpoint  # the repository root is on sys.path (see above)
 
-    tok = tokenizer.load_tokenizer(init_from)
+    tok = checkpoint.load_tokenizer(init_from)
     assert tok.eot_id == EOT_ID, f"tokenizer's <|endoftext|> is {tok.eot_id}, the corpora assume {EOT_ID}"
     assert tok.n_vocab <= 2**16, f"vocabulary of {tok.n_vocab} does not fit uint16"
     return tok

@@ -12,9 +12,9 @@ random weights of SmolLM2-135M (speed does not depend on the weights):
 
 The teacher decodes as model.py runs it: each step appends to the cache and repeats the KV
 heads for the query heads, so it reads its whole cache at least twice, as simple decoders do.
-On CUDA every student runs twice: through kernels.py (a decoding step's state update is one
-fused kernel, section 4) and as PyTorch ops alone (LINEARIZE_KERNELS=0), which shows where the
-kernels pay. A model's first, untimed run at the shortest length warms it up. On a machine
+Each student runs in every form --backends names (on CUDA by default twice: through kernels.py,
+where a decoding step's state update is one fused kernel, and as PyTorch ops alone), which shows
+where the kernels pay. A model's first, untimed run at the shortest length warms it up. On a machine
 shared with other work, times wander: --rounds sweeps everything again and keeps the least. A row's step is
 the median of --steps synchronized steps after 2 warm-ups. Prints a markdown table as rows
 finish, appends it to --out and draws decode_speed.png beside it.
@@ -28,6 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import checkpoint  # noqa: E402
 import mixers  # noqa: E402
 import model as M  # noqa: E402
 
@@ -99,7 +100,9 @@ def plot(rows, path):
 def main(argv=None):
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mixers", default="gated_deltanet", help="comma-separated students: any of mixers.MIXERS or swa")
+    ap.add_argument("--mixers", default="gated_deltanet", help=f"comma-separated students: any of {', '.join(M.MIXERS[1:])}")
+    ap.add_argument("--backends", default="triton,torch" if cuda else "torch",
+                    help=f"comma-separated forms each student runs in: any of {', '.join(mixers.BACKENDS)}")
     ap.add_argument("--lengths", default="256,1024,4096", help="context lengths, comma-separated")
     ap.add_argument("--B", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--steps", type=int, default=16, help="timed decoding steps per row")
@@ -112,10 +115,12 @@ def main(argv=None):
     ap.add_argument("--out", default="out/decode_speed.md", help="the table is appended here; the PNG goes beside it")
     args = ap.parse_args(argv)
     names = [m for m in args.mixers.split(",") if m]
-    bad = [m for m in names if m not in mixers.MIXERS + ("swa",)]
-    if bad:
-        ap.error(f"unknown mixer {bad[0]!r}; valid: {', '.join(mixers.MIXERS + ('swa',))}")
+    backends = [b for b in args.backends.split(",") if b]
     try:
+        for m in names:
+            M.check_mixer(m, M.MIXERS[1:])
+        for b in backends:
+            mixers.check_backend(b, args.device)
         lengths = sorted(int(x) for x in args.lengths.split(","))
         cfg = M.Config.from_preset(args.preset)
     except ValueError as e:
@@ -137,21 +142,20 @@ def main(argv=None):
     teacher = M.SmolLM2(cfg)
     runs = [("teacher (attention)", teacher, None)]
     for m in names:
-        student = mixers.student_from_teacher(teacher, m)
-        if dev.type == "cuda" and m != "swa":
-            runs += [(f"{m}, kernel step", student, True), (f"{m}, PyTorch step", student, False)]
-        else:
+        student = checkpoint.student_from_teacher(teacher, m)
+        if m == "swa":
             runs.append((m, student, None))
+        else:
+            runs += [(f"{m}, {b}" if len(backends) > 1 else m, student, b) for b in backends]
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {where}, {time.strftime('%Y-%m-%d')}\n")
     emit("| model | context | prefill | decoding step | tokens/s | cache |")
     emit("|---|---|---|---|---|---|")
-    rows, best, use = [], {}, mixers.USE_KERNELS
+    rows, best = [], {}
     try:
         for r in range(args.rounds):
-            for name, net, kern in runs:
-                net.to(dev, dtype).eval()
-                mixers.USE_KERNELS = use if kern is None else kern
+            for name, net, backend in runs:
+                net.to(dev, dtype).eval().set_backend(backend)
                 if r == 0:
                     measure(net, min(lengths), args.B, steps=1)  # warm-up: first calls, kernel compiles
                 for L in lengths:
@@ -165,7 +169,6 @@ def main(argv=None):
                              f"{nbytes / 2**20:,.2f} MiB |")
                 net.cpu()
     finally:
-        mixers.USE_KERNELS = use
         out.close()
         if rows:
             png = os.path.join(os.path.dirname(args.out) or ".", "decode_speed.png")

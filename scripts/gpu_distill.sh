@@ -56,13 +56,13 @@ import sys
 
 import torch
 
-import mixers
+import checkpoint
 import model
 
 torch.manual_seed(0)
 teacher = model.SmolLM2(model.Config.from_preset("smollm2-135m"))
-model.save_checkpoint(sys.argv[1], teacher)
-model.save_checkpoint(sys.argv[2], mixers.student_from_teacher(teacher, "gated_deltanet"))
+checkpoint.save(sys.argv[1], teacher)
+checkpoint.save(sys.argv[2], checkpoint.student_from_teacher(teacher, "gated_deltanet"))
 SETUP
   TEACHER="$OUT/random_teacher.pt"
   STAGES=3

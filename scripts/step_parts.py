@@ -25,6 +25,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import checkpoint  # noqa: E402
 import distill  # noqa: E402
 import kernels  # noqa: E402
 import mixers  # noqa: E402
@@ -34,6 +35,7 @@ import model as M  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixer", default="gated_deltanet", choices=mixers.MIXERS)
+    ap.add_argument("--backend", default=None, choices=mixers.BACKENDS, help="the student's form (default: triton)")
     ap.add_argument("--B", type=int, default=8, help="sequences")
     ap.add_argument("--T", type=int, default=2048, help="tokens per sequence")
     ap.add_argument("--out", default="", help="also append the table to this file")
@@ -54,8 +56,8 @@ def main():
     torch.manual_seed(0)
     cfg = M.Config.from_preset("smollm2-135m")
     fp32_teacher = M.SmolLM2(cfg)
-    student = mixers.student_from_teacher(fp32_teacher, args.mixer).to(dev)  # fp32 master weights
-    lm = mixers.student_from_teacher(fp32_teacher, "attention").to(dev)  # the teacher training itself
+    student = checkpoint.student_from_teacher(fp32_teacher, args.mixer).to(dev).set_backend(args.backend)  # fp32 weights
+    lm = checkpoint.student_from_teacher(fp32_teacher, "attention").to(dev)  # the teacher training itself
     teacher = fp32_teacher.to(dev, torch.bfloat16).eval().requires_grad_(False)  # frozen, as train.py keeps it
     x = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
     y = torch.randint(0, cfg.vocab_size, (B, T), device=dev)
@@ -74,7 +76,7 @@ def main():
         emit(f"| {name} | {ms:.2f} ms | {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |")
 
     def step(net, stage):  # one micro-step of train.py: teacher pass, stage loss, backward
-        loss_model = distill.StageLoss(net, stage)
+        loss_model = distill.StageLoss(net, stage, backend=args.backend)
 
         def run():
             with ctx:

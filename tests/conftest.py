@@ -16,13 +16,13 @@ torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
 @pytest.fixture(scope="session")
 def teacher():
-    import model
+    import checkpoint
 
-    return model.from_pretrained("default").eval()
+    return checkpoint.load("default").eval()
 
 
 @pytest.fixture(scope="session")
 def tok():
-    import tokenizer
+    import checkpoint
 
-    return tokenizer.load_tokenizer("default")
+    return checkpoint.load_tokenizer("default")

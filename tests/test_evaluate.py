@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import checkpoint
 import evaluate as E
 import model as M
 
@@ -86,8 +87,8 @@ def test_multiple_choice_scores_match_a_hand_computation():
 def test_greedy_hit_and_recovery_through_the_command_line(tmp_path, capsys):
     mixers = pytest.importorskip("mixers")
     t_ckpt, s_ckpt = str(tmp_path / "t.pt"), str(tmp_path / "s.pt")
-    M.save_checkpoint(t_ckpt, tiny(3, vocab=49152))  # real vocabulary: the tasks use the real tokenizer
-    M.save_checkpoint(s_ckpt, mixers.student_from_teacher(tiny(4, vocab=49152), "gla"))
+    checkpoint.save(t_ckpt, tiny(3, vocab=49152))  # real vocabulary: the tasks use the real tokenizer
+    checkpoint.save(s_ckpt, checkpoint.student_from_teacher(tiny(4, vocab=49152), "gla"))
     np.random.default_rng(0).integers(17, 49152, 2000).astype(np.uint16).tofile(tmp_path / "val.bin")
     task = [{"id": i, "requests": [[f"Question {i}: pick one\nAnswer:", " yes"], [f"Question {i}: pick one\nAnswer:", " no"]], "gold": i % 2} for i in range(6)]
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(q) + "\n" for q in task))

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import checkpoint
 import mixers
 import model
 
@@ -111,7 +112,7 @@ def test_mlstm_stabilized_recurrence_equals_family():
     x = mlstm_inputs()
     args = [x[n] for n in ("q", "k", "v", "i_pre", "f_pre", "h0")]
     want = outputs_and_grads(*mixers.mlstm_recurrent(*args), x)
-    got = outputs_and_grads(*mixers.mlstm_family(*args), x)
+    got = outputs_and_grads(*mixers.mlstm_family(mixers.TORCH, *args), x)
     assert_close(got, want, 1e-9)
 
 
@@ -124,7 +125,7 @@ def test_mlstm_closed_form():
     mask = torch.ones(29, 29, dtype=torch.bool).tril()
     scores = (q @ k.transpose(-1, -2)) * 16**-0.5 * torch.where(mask, logD, -math.inf).exp()
     want = (scores @ v) / scores.sum(-1, keepdim=True).abs().clamp(min=1)  # [H, T, Dv]
-    h, _ = mixers.mlstm_family(x["q"], x["k"], x["v"], x["i_pre"], x["f_pre"])
+    h, _ = mixers.mlstm_family(mixers.TORCH, x["q"], x["k"], x["v"], x["i_pre"], x["f_pre"])
     torch.testing.assert_close(h[0].transpose(0, 1), want, rtol=1e-9, atol=1e-12)
 
 
@@ -241,14 +242,14 @@ def test_mlstm_extreme_gates_stay_finite():
     q, k, v = (torch.randn(B, T, H, D, generator=gen) for _ in range(3))
     pre = lambda: (1e4 * torch.randn(B, T, H, generator=gen)).requires_grad_()  # noqa: E731
     i_raw, f_raw = pre(), pre()
-    h, S = mixers.mlstm_family(q, k, v, mixers.softcap(i_raw), mixers.softcap(f_raw))
+    h, S = mixers.mlstm_family(mixers.TORCH, q, k, v, mixers.softcap(i_raw), mixers.softcap(f_raw))
     (h.sum() + S.sum()).backward()
     assert torch.isfinite(h).all() and torch.isfinite(S).all()
     assert torch.isfinite(i_raw.grad).all() and torch.isfinite(f_raw.grad).all()
     # accuracy on a prefix, against the running-max recurrence in float64 (outputs reach ~5e3 here:
     # a denominator below the floor multiplies the numerator by up to e^15)
     args = [t[:, :200].detach() for t in (q, k, v, mixers.softcap(i_raw), mixers.softcap(f_raw))]
-    got, want = mixers.mlstm_family(*args)[0], mixers.mlstm_recurrent(*[t.double() for t in args])[0]
+    got, want = mixers.mlstm_family(mixers.TORCH, *args)[0], mixers.mlstm_recurrent(*[t.double() for t in args])[0]
     assert_close({"h": got.double()}, {"h": want}, 1e-4)
 
 
@@ -265,7 +266,7 @@ def tiny_layer(mixer, seed=0):
     """A float64 mixer layer with every parameter perturbed, so that no init hides a bug
     (an identity conv would hide a wrong conv cache)."""
     torch.manual_seed(seed)
-    layer = mixers.build_mixer(tiny_config(mixer), 0).double()
+    layer = mixers.LAYERS[mixer](tiny_config(mixer), 0).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -274,7 +275,7 @@ def tiny_layer(mixer, seed=0):
 
 def rope(T, start=0):
     cos, sin = model.rope_cos_sin(torch.arange(start, start + T), 8, 10000.0)
-    return cos.double(), sin.double()
+    return model.Rope(cos.double(), sin.double())
 
 
 @pytest.mark.parametrize("mixer", mixers.MIXERS)
@@ -292,38 +293,15 @@ def test_layer_prefill_then_decode_equals_forward(mixer):
     torch.testing.assert_close(torch.cat(out, 1), full, rtol=1e-9, atol=1e-9)
 
 
-def test_kept_projection_stack_follows_in_place_weight_updates():
-    # in eval mode outside autograd (decoding) a layer keeps its stacked projection weights
-    # between calls; an in-place update, as load_state_dict makes, must be seen
-    layer = tiny_layer("gated_deltanet").eval()
-    x = torch.randn(2, 5, 32, dtype=F64)
-    with torch.no_grad():
-        a = layer(x, rope(5))
-        kept = layer._stacked[2]
-        torch.testing.assert_close(layer(x, rope(5)), a, rtol=0, atol=0)
-        assert layer._stacked[2] is kept  # reused, not rebuilt
-        layer.k_proj.weight.mul_(0.5)
-        b = layer(x, rope(5))
-        assert not torch.allclose(a, b)
-    torch.testing.assert_close(b, layer(x, rope(5)), rtol=0, atol=0)  # autograd on: a fresh stack
-    layer.train()
-    assert layer._stacked is None  # a mode switch drops it, and so does a move
-    with torch.no_grad():
-        layer.eval()(x, rope(5))
-    assert layer._stacked is not None and layer.float()._stacked is None
-    with torch.inference_mode():  # its tensors could not serve autograd later: never kept
-        layer.double()(x, rope(5))
-        assert layer._stacked is None
-
-
 @pytest.mark.parametrize("mixer", mixers.MIXERS)
-def test_layer_naive_equals_chunked(mixer, monkeypatch):
-    """The layer's gates map onto its family form: NAIVE (textbook loop) == chunked, prefill and decode."""
+def test_layer_naive_equals_chunked(mixer):
+    """The layer's gates map onto its family form: backend naive (textbook loop) == torch
+    (chunked, then the one-token step), prefill and decode."""
     layer = tiny_layer(mixer, seed=1)
     x = torch.randn(2, 19, 32, dtype=F64)
     out = {}
     for naive in (False, True):
-        monkeypatch.setattr(mixers, "NAIVE", naive)
+        layer.backend = "naive" if naive else "torch"
         cache = {}
         out[naive] = torch.cat([layer(x[:, :18], rope(18), cache), layer(x[:, 18:], rope(1, 18), cache)], 1)
     torch.testing.assert_close(out[True], out[False], rtol=1e-9, atol=1e-9)
@@ -333,14 +311,15 @@ def test_init_from_attention_head_mapping():
     """Student head h gets teacher KV head h // n_rep (n_head 6, n_kv_head 2, n_rep 3)."""
     config = model.Config(n_embd=48, n_head=6, n_kv_head=2, mixer="gated_deltanet")
     attn = model.Attention(config)
-    layer = mixers.build_mixer(config, 0)
+    layer = mixers.LAYERS["gated_deltanet"](config, 0)
     layer.init_from_attention(attn)
     D = config.head_dim
-    for name in ("k_proj", "v_proj"):
-        student, teacher = getattr(layer, name).weight.view(6, D, 48), getattr(attn, name).weight.view(2, D, 48)
+    q, k, v = layer.in_proj.weight[: 3 * 48].view(3, 48, 48)  # in_proj's first rows: q, k, v
+    for name, w in (("k_proj", k), ("v_proj", v)):
+        student, teacher = w.view(6, D, 48), getattr(attn, name).weight.view(2, D, 48)
         for h in range(6):
             assert torch.equal(student[h], teacher[h // 3]), f"{name} head {h}"
-    assert torch.equal(layer.q_proj.weight, attn.q_proj.weight)
+    assert torch.equal(q, attn.q_proj.weight)
     assert torch.equal(layer.o_proj.weight, attn.o_proj.weight)
 
 
@@ -349,11 +328,13 @@ def test_student_from_teacher_trains(mixer):
     """From a tiny random teacher: shared tensors copied, forward and backward finite."""
     torch.manual_seed(0)
     teacher = model.SmolLM2(tiny_config("attention"))
-    student = mixers.student_from_teacher(teacher, mixer)
+    student = checkpoint.student_from_teacher(teacher, mixer)
     own, theirs = student.state_dict(), teacher.state_dict()
     for key in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight",
-                "model.layers.0.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight"):
+                "model.layers.0.input_layernorm.weight", "model.layers.1.self_attn.o_proj.weight"):
         assert torch.equal(own[key], theirs[key]), key
+    q = own["model.layers.1.self_attn.in_proj.weight"][:32]  # in_proj's q rows
+    assert torch.equal(q, theirs["model.layers.1.self_attn.q_proj.weight"])
     idx = torch.randint(0, 64, (2, 20))
     _, loss = student(idx, targets=idx)
     loss.backward()
@@ -366,27 +347,47 @@ def test_hybrid_student_and_strict_copy():
     """Kept softmax layers copy as they are; a shape mismatch is an error, not a silent skip."""
     torch.manual_seed(0)
     teacher = model.SmolLM2(tiny_config("attention"))
-    student = mixers.student_from_teacher(teacher, "kda", softmax_layers=(1,))
+    student = checkpoint.student_from_teacher(teacher, "kda", softmax_layers=(1,))
     assert isinstance(student.model.layers[1].self_attn, model.Attention)
     assert torch.equal(student.model.layers[1].self_attn.k_proj.weight, teacher.model.layers[1].self_attn.k_proj.weight)
     with pytest.raises(ValueError):
-        mixers.student_from_teacher(teacher, "kda", intermediate_size=40)
+        checkpoint.student_from_teacher(teacher, "kda", intermediate_size=40)
 
 
 def test_unknown_mixer_lists_valid_names():
     with pytest.raises(ValueError) as err:
-        mixers.build_mixer(tiny_config("lstm"), 0)
-    for name in mixers.MIXERS:
+        model.SmolLM2(tiny_config("lstm"))
+    assert str(err.value).count("\n") == 0
+    for name in model.MIXERS:
         assert name in str(err.value)
+
+
+def test_registry_derives_from_the_layer_classes():
+    assert mixers.MIXERS == ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda")
+    for name, cls in mixers.LAYERS.items():
+        assert cls.name == name and mixers.FAMILY[name] == (cls.family, cls.decay)
+        assert cls.family in ("additive", "delta") and cls.decay in (None, "head_const", "head", "channel")
+
+
+def test_a_bad_backend_is_a_one_line_error_before_any_work(monkeypatch):
+    with pytest.raises(ValueError, match="valid backends: naive, torch, triton"):
+        model.SmolLM2(tiny_config("gla")).set_backend("cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # triton runs on CUDA tensors only, then
+    with pytest.raises(ValueError, match="use --backend=torch"):
+        mixers.check_backend("triton", "cpu")
+    layer = mixers.LAYERS["gla"](tiny_config("gla"), 0)
+    layer.backend = "triton"
+    with pytest.raises(ValueError, match="not on cpu"):  # never a silent fallback to PyTorch
+        layer(torch.randn(1, 3, 32), rope(3))
 
 
 def test_student_from_the_offline_teacher_trains(teacher):
     # the real 135M teacher: copied weights agree, and the student runs forward and backward
-    student = mixers.student_from_teacher(teacher, "kda")
+    student = checkpoint.student_from_teacher(teacher, "kda")
     t, s = teacher.state_dict(), student.state_dict()
-    for key in ("model.embed_tokens.weight", "model.layers.7.mlp.up_proj.weight", "model.layers.7.self_attn.q_proj.weight"):
+    for key in ("model.embed_tokens.weight", "model.layers.7.mlp.up_proj.weight", "model.layers.7.self_attn.o_proj.weight"):
         assert torch.equal(t[key], s[key])
-    k_t, k_s = t["model.layers.3.self_attn.k_proj.weight"], s["model.layers.3.self_attn.k_proj.weight"]
+    k_t, k_s = t["model.layers.3.self_attn.k_proj.weight"], s["model.layers.3.self_attn.in_proj.weight"][576:1152]
     assert torch.equal(k_s[4 * 64:5 * 64], k_t[1 * 64:2 * 64])  # student head 4 reads KV head 4 // 3 = 1
     x = torch.randint(0, teacher.config.vocab_size, (1, 40))
     _, loss = student(x[:, :-1], targets=x[:, 1:])
@@ -394,18 +395,6 @@ def test_student_from_the_offline_teacher_trains(teacher):
     grads = [p.grad for p in student.parameters() if p.grad is not None]
     assert torch.isfinite(loss) and len(grads) > 0 and all(torch.isfinite(g).all() for g in grads)
     assert student.model.layers[3].self_attn.A_log.grad.abs().sum() > 0  # the new gates learn
-
-
-def test_kernels_get_one_dtype_under_autocast():
-    # under CUDA autocast F.normalize and exp return fp32: the kernels must still get bf16 q, k, v
-    seen = []
-    record = lambda *a: seen.append([None if x is None else x.dtype for x in a])  # noqa: E731
-    q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
-    v, beta = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16), torch.rand(1, 4, 2)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        mixers._one_dtype(record, q)(q, k, v, beta, None)
-    mixers._one_dtype(record, q)(q, k, v.float(), beta, None)  # no autocast: q's dtype
-    assert seen == [[torch.bfloat16] * 3 + [torch.float32, None], [torch.float32] * 4 + [None]]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -427,7 +416,7 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
 
     torch.manual_seed(0)
     cfg = model.Config(vocab_size=512, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, intermediate_size=512)
-    student = mixers.student_from_teacher(model.SmolLM2(cfg), mixer).cuda()
+    student = checkpoint.student_from_teacher(model.SmolLM2(cfg), mixer).cuda()
     x = torch.randint(0, 512, (2, 300), device="cuda")
     dtypes = []
     for name in ("chunk_decay_additive", "chunk_delta_rule"):
@@ -435,7 +424,7 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
         monkeypatch.setattr(kernels, name, lambda q, *a, _fn=fn: dtypes.append(q.dtype) or _fn(q, *a))
 
     def step(use_kernels, bf16):
-        monkeypatch.setattr(mixers, "USE_KERNELS", use_kernels)
+        student.set_backend("triton" if use_kernels else "torch")
         student.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             _, loss = student(x[:, :-1], targets=x[:, 1:])

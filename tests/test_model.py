@@ -6,13 +6,14 @@ import os
 import pytest
 import torch
 
+import checkpoint
 import model as M
 
 transformers = pytest.importorskip("transformers")
 
 
 def hf_gguf_teacher():
-    path = M.default_gguf_path()
+    path = checkpoint.default_gguf_path()
     return transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
 
@@ -42,11 +43,11 @@ def test_teacher_config_read_from_gguf(teacher):
 
 def test_gguf_cache_is_used(tmp_path, monkeypatch):
     # the second load reads the converted safetensors instead of dequantizing again
-    monkeypatch.setattr(M, "CACHE_DIR", str(tmp_path))
-    c1, s1 = M.read_checkpoint("default")
+    monkeypatch.setattr(checkpoint, "CACHE_DIR", str(tmp_path))
+    c1, s1 = checkpoint.read("default")
     assert any(f.startswith("gguf-") for f in os.listdir(tmp_path))
-    monkeypatch.setattr(M, "read_gguf", lambda path: pytest.fail("cache was not used"))
-    c2, s2 = M.read_checkpoint("default")
+    monkeypatch.setattr(checkpoint, "read_gguf", lambda path: pytest.fail("cache was not used"))
+    c2, s2 = checkpoint.read("default")
     assert c1 == c2 and all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
@@ -64,7 +65,7 @@ def test_safetensors_snapshot_matches_transformers(tmp_path, tie, shard):
     hf = tiny_hf(tie)
     hf.save_pretrained(tmp_path, max_shard_size="40KB" if shard else "5GB")
     assert os.path.exists(tmp_path / ("model.safetensors.index.json" if shard else "model.safetensors"))
-    ours = M.from_pretrained(str(tmp_path)).eval()
+    ours = checkpoint.load(str(tmp_path)).eval()
     assert ours.config.tie_embeddings == tie and ours.config.rope_theta == 5000.0
     x = torch.randint(0, 300, (2, 33))
     with torch.no_grad():
@@ -77,8 +78,8 @@ def test_safetensors_snapshot_matches_transformers(tmp_path, tie, shard):
 
 def test_own_checkpoint_roundtrip(tmp_path):
     net = M.SmolLM2(M.Config(vocab_size=100, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, intermediate_size=48))
-    M.save_checkpoint(str(tmp_path / "ckpt.pt"), net, step=7)
-    back = M.from_pretrained(str(tmp_path / "ckpt.pt"))
+    checkpoint.save(str(tmp_path / "ckpt.pt"), net, step=7)
+    back = checkpoint.load(str(tmp_path / "ckpt.pt"))
     assert back.config == net.config
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), back.state_dict().values()))
 
@@ -104,7 +105,7 @@ def test_sliding_window_attention_decodes_like_full_forward():
 
 def test_missing_path():
     with pytest.raises(FileNotFoundError, match="no such file"):
-        M.from_pretrained("./does/not/exist.gguf")
+        checkpoint.load("./does/not/exist.gguf")
 
 
 def test_unknown_preset():
@@ -117,26 +118,26 @@ def test_wrong_format(tmp_path):
     p = tmp_path / "weights.bin"
     p.write_bytes(b"not a model at all")
     with pytest.raises(ValueError, match="unknown checkpoint format"):
-        M.from_pretrained(str(p))
+        checkpoint.load(str(p))
     (tmp_path / "snap").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        M.from_pretrained(str(tmp_path / "snap"))
+        checkpoint.load(str(tmp_path / "snap"))
     (tmp_path / "snap" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="only Llama"):
-        M.from_pretrained(str(tmp_path / "snap"))
+        checkpoint.load(str(tmp_path / "snap"))
 
 
 def test_truncated_files(tmp_path):
-    gguf_bytes = open(M.default_gguf_path(), "rb").read(1 << 20)  # first MiB of the real file
+    gguf_bytes = open(checkpoint.default_gguf_path(), "rb").read(1 << 20)  # first MiB of the real file
     (tmp_path / "cut.gguf").write_bytes(gguf_bytes)
     with pytest.raises(ValueError, match="cut.gguf"):
-        M.from_pretrained(str(tmp_path / "cut.gguf"))
+        checkpoint.load(str(tmp_path / "cut.gguf"))
     hf = tiny_hf(True)
     hf.save_pretrained(tmp_path / "snap")
     st = tmp_path / "snap" / "model.safetensors"
     st.write_bytes(st.read_bytes()[:5000])
     with pytest.raises(ValueError, match="cannot read safetensors"):
-        M.from_pretrained(str(tmp_path / "snap"))
+        checkpoint.load(str(tmp_path / "snap"))
 
 
 def test_mismatched_weights(tmp_path):
@@ -146,18 +147,18 @@ def test_mismatched_weights(tmp_path):
     cfg["intermediate_size"] = 128  # config and weights disagree
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="shape"):
-        M.from_pretrained(str(tmp_path))
+        checkpoint.load(str(tmp_path))
 
 
 def test_hub_id_without_network_says_how_to_get_weights(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(FileNotFoundError, match="huggingface-cli download HuggingFaceTB/SmolLM2-360M"):
-        M.from_pretrained("HuggingFaceTB/SmolLM2-360M")
+        checkpoint.load("HuggingFaceTB/SmolLM2-360M")
 
 
 def test_hub_id_from_local_cache(monkeypatch, tmp_path):
     snap = tmp_path / "models--someone--tiny" / "snapshots" / "abc123"
     tiny_hf(True).save_pretrained(snap)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    assert M.from_pretrained("someone/tiny").config.n_embd == 64
+    assert checkpoint.load("someone/tiny").config.n_embd == 64

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 
+import checkpoint
 import model as M
 import niah
 
@@ -109,7 +110,7 @@ def test_cached_greedy_answer_equals_rereading_the_prompt(mixer):
     net = tiny_model()
     if mixer:
         mixers = pytest.importorskip("mixers")
-        net = mixers.student_from_teacher(net, mixer).eval()
+        net = checkpoint.student_from_teacher(net, mixer).eval()
     idx = torch.randint(17, 49152, (2, 70), generator=torch.Generator().manual_seed(0))
     got = niah.greedy(net, idx, 5)  # prefill (KV cache or chunked form -> state), then steps
     x = idx
@@ -121,7 +122,7 @@ def test_cached_greedy_answer_equals_rereading_the_prompt(mixer):
 
 def test_command_line_writes_table_json_csv_and_heatmap(tmp_path, capsys):
     ckpt = str(tmp_path / "tiny.pt")
-    M.save_checkpoint(ckpt, tiny_model())
+    checkpoint.save(ckpt, tiny_model())
     acc = niah.main([f"--init_from={ckpt}", "--lengths=160", "--depths=0,100", "--filler=grass",
                      f"--out_dir={tmp_path}", "--batch_size=2", "--samples=3"])
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ import sysconfig
 
 import pytest
 
-import model as M
+import checkpoint
 import tokenizer as T
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -23,7 +23,7 @@ gguf = pytest.importorskip("gguf")
 def reference():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    r = gguf.GGUFReader(M.default_gguf_path())
+    r = gguf.GGUFReader(checkpoint.default_gguf_path())
     tokens = r.fields["tokenizer.ggml.tokens"].contents()
     merges = [tuple(m.split(" ")) for m in r.fields["tokenizer.ggml.merges"].contents()]
     ref = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))

