@@ -9,20 +9,14 @@ Train a linear-time student of a SmolLM2 teacher, one stage at a time, in one lo
     python train.py --mixer=kda --stage=1 --softmax_layers=7,15,23   # a hybrid student
     torchrun --standalone --nproc_per_node=2 train.py --mixer=gated_deltanet --stage=3
 
-distill.py says what each stage is. Every setting in the block below can be given as
---key=value (a bare --key means true) and is stored whole in every checkpoint. A run writes
-<out_dir>/<mixer>/stage<N>.pt (atomically) at every eval and at the end, and a plot of its
-losses next to it. Run the same command again after a crash and it continues from there with
-the same losses as a run that never stopped: the batches are a function of (seed, step), and
-the checkpoint holds the weights, the optimizer, the step and the loss history. The settings of
-a resumed run are the checkpoint's, updated by what the command line gives.
-
-On a CPU that other jobs share, OMP_NUM_THREADS=1 trades some speed for steady step times
-(torch's threads wait on each other when one of them is descheduled).
-
-One GPU or CPU: python train.py ...; several GPUs: torchrun (DistributedDataParallel; rank 0
-logs, evaluates and writes checkpoints). Weights stay fp32; the forward runs under bf16
-autocast. MFU counts model FLOPs (distill.flops_per_token) against peak_tflops.
+distill.py says what each stage is. Every setting below is a --key=value (a bare --key means
+true), stored whole in every checkpoint. A run writes <out_dir>/<mixer>/stage<N>.pt (atomically)
+at every eval and at the end, with a plot of its losses beside it. Run the same command after a
+crash and it continues with the losses of a run that never stopped: batches are a function of
+(seed, step), and the checkpoint holds weights, optimizer, step and history (its settings,
+updated by the command line). Several GPUs: torchrun (DistributedDataParallel; rank 0 logs,
+evaluates and saves). Weights stay fp32 under bf16 autocast. MFU counts model FLOPs
+(distill.flops_per_token) against peak_tflops. On a shared CPU, OMP_NUM_THREADS=1 steadies steps.
 
 References:
 1) karpathy/nanoGPT train.py: the shape of this loop (settings at the top, micro-steps,
@@ -48,6 +42,7 @@ import distill
 from data import Data, need
 import mixers
 import model as M
+from plots import plot
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # the repository, home of data/
 
@@ -248,64 +243,18 @@ def save(path, student, optimizer, step, s, history):
     checkpoint.save(path, student, optimizer=optimizer.state_dict(), step=step, settings=asdict(s), history=history)
 
 
-def plot(history, path):
-    """The loss curves as a PNG (train and val loss; val KL and top-1 agreement)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    if history["train"]:
-        a.plot(*zip(*history["train"]), label="train", lw=0.8)
-    val = history["val"]
-    if val:
-        a.plot([v["step"] for v in val], [v["loss"] for v in val], "o-", label="val")
-        b.plot([v["step"] for v in val], [v["kl"] for v in val], "o-", color="C2", label="KL(teacher || student)")
-        b2 = b.twinx()
-        b2.plot([v["step"] for v in val], [v["top1"] for v in val], "s--", color="C3", label="top-1 agreement")
-        b2.set_ylabel("top-1 agreement")
-        b2.legend(loc="upper right")
-    name = os.path.basename(os.path.dirname(os.path.abspath(path))) + ", " + os.path.basename(path)[:-4]
-    a.set(xlabel="step", ylabel="stage loss", yscale="log", title=name.replace("stage", "stage "))
-    b.set(xlabel="step", ylabel="val KL per token", title="student vs teacher (val)")
-    a.legend()
-    b.legend(loc="upper left")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path + ".tmp", format="png", dpi=90)
-    plt.close(fig)
-    os.replace(path + ".tmp", path)
-
-
-def profiler(s, dev_type):
-    """--profile=N: torch.profiler over N steps after 3 warm-up steps (scripts/step_parts.py times
-    a step part by part)."""
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev_type == "cuda" else [])
-    prof = profile(activities=acts, schedule=schedule(wait=0, warmup=PROFILE_WARMUP, active=s.profile, repeat=1))
-    prof.start()
-    return prof
-
-
-PROFILE_WARMUP = 3
+PROFILE_WARMUP = 3  # --profile: steps before the profiled ones (first calls, compiles, allocator)
 
 
 def write_profile(prof, s, wall, base, cuda):
-    """<base>_profile.txt (ops by self time on the device, or on the CPU without one) and
-    <base>_profile.json (a Chrome trace for ui.perfetto.dev); logs wall time per step against the
-    time the device was busy: far apart, the step waits on Python and kernel launches."""
-    ops = prof.key_averages()
-    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    """--profile's output: <base>_profile.txt (ops by self time on the device, or on the CPU) and
+    <base>_profile.json (a Chrome trace for ui.perfetto.dev), and a line that sets wall time per
+    step against the time the device was busy (far apart: the step waits on the host)."""
+    ops, key = prof.key_averages(), "self_device_time_total" if cuda else "self_cpu_time_total"
     busy = sum(getattr(e, key) for e in ops if not e.key.startswith("ProfilerStep") and not e.is_user_annotation
                and (not cuda or e.device_type == torch.autograd.DeviceType.CUDA)) / 1e6 / s.profile  # s a step
-    where = "device" if cuda else "CPU in ops (the Python between ops left out)"
     summary = (f"profile: {s.profile} steps after {PROFILE_WARMUP} warm-up, {wall * 1000:.1f} ms a step, "
-               f"{where} busy {busy * 1000:.1f} ms a step ({busy / wall:.0%})")
-    os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+               f"{'device' if cuda else 'CPU in ops'} busy {busy * 1000:.1f} ms a step ({busy / wall:.0%})")
     with open(base + "_profile.txt", "w") as f:
         f.write(summary + "\n\n" + ops.table(sort_by=key, row_limit=40) + "\n")
     prof.export_chrome_trace(base + "_profile.json")
@@ -336,6 +285,24 @@ def clock(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def distributed(s):
+    """(ddp, rank, world size, device): under torchrun one process per GPU (or CPU processes, gloo)."""
+    if "RANK" not in os.environ:
+        return False, 0, 1, s.device
+    dist.init_process_group("nccl" if s.device.startswith("cuda") else "gloo")
+    device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if s.device.startswith("cuda") else s.device
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    return True, dist.get_rank(), dist.get_world_size(), device
+
+
+def adamw(params, s, fused):
+    """AdamW over the (name, parameter) pairs that learn, with weight decay on matrices only."""
+    groups = [{"params": [p for _, p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
+              {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=s.learning_rate, betas=(s.beta1, s.beta2), fused=fused)
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop
 
@@ -347,15 +314,7 @@ def main(argv=None):
         print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); --resume=false starts over")
         return state["history"]
 
-    ddp = "RANK" in os.environ  # launched by torchrun: one process per GPU (or CPU processes, gloo)
-    if ddp:
-        dist.init_process_group("nccl" if s.device.startswith("cuda") else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-        device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if s.device.startswith("cuda") else s.device
-        if device.startswith("cuda"):
-            torch.cuda.set_device(device)
-    else:
-        rank, world, device = 0, 1, s.device
+    ddp, rank, world, device = distributed(s)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     tokens_per_step = s.batch_size * s.block_size * s.grad_accum * world
@@ -384,11 +343,9 @@ def main(argv=None):
     ctx = torch.autocast(dev_type, dtype=ptdtype) if s.dtype != "float32" else nullcontext()
     val_batches = val_data.fixed(s.eval_iters, s.batch_size, device)  # the same at every eval
 
-    # what learns, the optimizer (decay on matrices only), the loss module
+    # what learns, the optimizer, the loss module
     params = distill.set_trainable(student, s.stage)
-    groups = [{"params": [p for _, p in params if p.dim() >= 2], "weight_decay": s.weight_decay},
-              {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=s.learning_rate, betas=(s.beta1, s.beta2), fused=dev_type == "cuda")
+    optimizer = adamw(params, s, fused=dev_type == "cuda")
     loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature, s.backend or None)
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
     train_model = torch.compile(loss_model) if s.compile else loss_model
@@ -423,7 +380,11 @@ def main(argv=None):
     if master and step == 0 and not s.profile:
         eval_and_save()  # where the student starts
     if s.profile:  # a measurement: no eval, no checkpoint
-        s.max_iters, prof, first = max(s.max_iters, step + PROFILE_WARMUP + s.profile), profiler(s, dev_type), step
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev_type == "cuda" else [])
+        prof = profile(activities=acts, schedule=schedule(wait=0, warmup=PROFILE_WARMUP, active=s.profile, repeat=1))
+        s.max_iters, first, _ = max(s.max_iters, step + PROFILE_WARMUP + s.profile), step, prof.start()
     t_last, step_last, ema = time.time(), step, None
     while step < s.max_iters:
         # the learning rate is a function of the step alone (so resuming needs no schedule state)
@@ -457,6 +418,7 @@ def main(argv=None):
                 continue
             prof.stop()
             if master:
+                os.makedirs(os.path.dirname(ckpt_path(s)), exist_ok=True)
                 write_profile(prof, s, (time.time() - t0) / s.profile, ckpt_path(s)[:-3], dev_type == "cuda")
             break
         if step % s.log_interval == 0 or step == s.max_iters:
