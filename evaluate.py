@@ -76,7 +76,7 @@ def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
     tokens = n * seq_len
     out = {"tokens": tokens, "loss": nll / tokens, "ppl": float(np.exp(nll / tokens))}
     if teacher is not None:
-        out["kl"] = kl / tokens  # per token: the mean that REFERENCE's "do better" 2 asks for
+        out["kl"] = kl / tokens  # per token (the study's code summed over positions: see distill.kl_per_token)
     return out
 
 

@@ -67,7 +67,7 @@ class Config:
         return cls(**PRESETS[name])
 
 
-PRESETS = {  # architecture of the released SmolLM2 sizes (REFERENCE: model cards)
+PRESETS = {  # architecture of the released SmolLM2 sizes (their config.json files on the hub)
     "smollm2-135m": dict(n_layer=30, n_embd=576, n_head=9, n_kv_head=3, intermediate_size=1536),
     "smollm2-360m": dict(n_layer=32, n_embd=960, n_head=15, n_kv_head=5, intermediate_size=2560),
     "smollm2-1.7b": dict(n_layer=24, n_embd=2048, n_head=32, n_kv_head=32, intermediate_size=8192, rope_theta=130000.0),

@@ -47,7 +47,7 @@ def tiny_layer(mixer):
     cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64,
                        mixer=mixer)
     torch.manual_seed(0)
-    layer = mixers.build_mixer(cfg, 0).to(DEV)
+    layer = mixers.LAYERS[mixer](cfg, 0).to(DEV)
     with torch.no_grad():
         layer.conv.weight.normal_(0, 0.5)
     return layer, cfg
@@ -100,7 +100,7 @@ def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2, t0):
 
 
 @pytest.mark.parametrize("mixer", ["deltanet", "linear_attention"])
-def test_layer_heads_keep_the_tail_for_decoding(mixer, monkeypatch):
+def test_layer_heads_keep_the_tail_for_decoding(mixer):
     # a prefill through the kernel path (taken on CUDA) gives the q, k, v and the conv tail of
     # the PyTorch path, also when the prompt is shorter than the tail
     layer, _ = tiny_layer(mixer)
@@ -108,9 +108,8 @@ def test_layer_heads_keep_the_tail_for_decoding(mixer, monkeypatch):
         qkv = torch.randn(1, T, 3 * 32, device=DEV)
         out = {}
         for on in (True, False):
-            monkeypatch.setattr(mixers, "_kernels", lambda x, on=on: kernels if on else None)
             cache = {}
-            out[on] = [t.contiguous() for t in layer.heads(qkv, cache)] + [cache["conv"]]
+            out[on] = [t.contiguous() for t in layer.heads(kernels if on else mixers.TORCH, qkv, cache)] + [cache["conv"]]
         assert all(a.shape == b.shape for a, b in zip(out[True], out[False]))
         torch.testing.assert_close(out[True], out[False])
 
@@ -146,18 +145,17 @@ def test_distill_loss_matches_ce_plus_kl(V, temperature):
     assert abs(loss.item() - ce_r.item()) < 1e-5 * ce_r.item() and kl.item() == 0 and rel(g, g_r) < 1e-5
 
 
-def test_distill_loss_takes_the_kernel_on_the_kernel_path(monkeypatch):
-    # distill.distill_loss (the autograd Function train.py calls) with the kernel against its
-    # PyTorch blocks: the same loss and parts, and the same gradient through backward
+def test_distill_loss_takes_the_kernel_on_the_triton_backend():
+    # distill.distill_loss (what train.py calls) on the triton backend against the torch backend
+    # (cross_entropy + kl_per_token through autograd): the same loss and parts, the same gradient
     gen = torch.Generator().manual_seed(0)
     z, t = torch.randn(2, 5, 300, generator=gen), torch.randn(2, 5, 300, generator=gen)
     y = torch.randint(0, 300, (2, 5), generator=gen)
     y[0, 0] = -1
     out = {}
     for on in (True, False):
-        monkeypatch.setattr(mixers, "_kernels", lambda x, on=on: kernels if on else None)
         zz = z.to(DEV).requires_grad_()
-        loss, ce, kl = distill.distill_loss(zz, t.to(DEV), y.to(DEV), 0.5, 2.0, 1.5)
+        loss, ce, kl = distill.distill_loss(zz, t.to(DEV), y.to(DEV), 0.5, 2.0, 1.5, backend="triton" if on else "torch")
         (3 * loss).backward()
         out[on] = [v.detach().cpu() for v in (loss, ce, kl, zz.grad)]
     assert all(rel(a, b) < 1e-5 for a, b in zip(out[True], out[False]))
@@ -265,7 +263,7 @@ def test_softplus_decay_matches_pytorch(shape, strided):
 
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet", "mlstm", "gla", "deltanet",
                                    "linear_attention"])
-def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
+def test_mixer_layers_give_the_same_on_the_kernel_path(mixer):
     # every kernel a layer calls on a GPU (recurrence, short conv, norms), here in the interpreter,
     # against the same layer on the PyTorch path: output and all parameter gradients
     import model
@@ -275,7 +273,7 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
     rope = model.rope_cos_sin(torch.arange(21), cfg.head_dim, cfg.rope_theta, device=DEV)
     out = {}
     for on in (True, False):
-        monkeypatch.setattr(mixers, "_kernels", lambda t, on=on: kernels if on else None)
+        layer.backend = "triton" if on else "torch"
         layer.zero_grad()
         y = layer(x, rope)
         y.square().sum().backward()
@@ -285,7 +283,7 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer, monkeypatch):
 
 
 @pytest.mark.parametrize("mixer", ["gated_deltanet", "gla"])
-def test_layer_prefill_then_decode_on_the_kernel_path(mixer, monkeypatch):
+def test_layer_prefill_then_decode_on_the_kernel_path(mixer):
     # a prompt through the kernel path (conv and its tail, chunked recurrence) then two tokens
     # through the fused decoding steps: the same outputs as the whole sequence in one pass
     import model
@@ -293,13 +291,13 @@ def test_layer_prefill_then_decode_on_the_kernel_path(mixer, monkeypatch):
     layer, cfg = tiny_layer(mixer)
     x = torch.randn(1, 11, 32, device=DEV)
     cos, sin = model.rope_cos_sin(torch.arange(11), cfg.head_dim, cfg.rope_theta, device=DEV)
-    monkeypatch.setattr(mixers, "_kernels", lambda t: None)
+    layer.backend = "torch"
     with torch.no_grad():
-        ref = layer(x, (cos, sin))
-    monkeypatch.setattr(mixers, "_kernels", lambda t: kernels)
+        ref = layer(x, model.Rope(cos, sin))
+    layer.backend = "triton"
     cache = {}
     with torch.no_grad():
-        ys = [layer(x[:, :9], (cos[:9], sin[:9]), cache)]
+        ys = [layer(x[:, :9], model.Rope(cos[:9], sin[:9]), cache)]
         for t in (9, 10):
-            ys.append(layer(x[:, t : t + 1], (cos[t : t + 1], sin[t : t + 1]), cache))
+            ys.append(layer(x[:, t : t + 1], model.Rope(cos[t : t + 1], sin[t : t + 1]), cache))
     assert rel(torch.cat(ys, 1).cpu(), ref.cpu()) < (1e-4 if DEV == "cpu" else 0.02)
