@@ -101,8 +101,8 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixers", default="gated_deltanet", help=f"comma-separated students: any of {', '.join(M.MIXERS[1:])}")
-    ap.add_argument("--backends", default="triton,torch" if cuda else "torch",
-                    help=f"comma-separated forms each student runs in: any of {', '.join(mixers.BACKENDS)}")
+    ap.add_argument("--backends", default=None, help=f"comma-separated forms each student runs in: any of "
+                    f"{', '.join(mixers.BACKENDS)} (default: triton,torch on CUDA, torch otherwise)")
     ap.add_argument("--lengths", default="256,1024,4096", help="context lengths, comma-separated")
     ap.add_argument("--B", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--steps", type=int, default=16, help="timed decoding steps per row")
@@ -115,7 +115,7 @@ def main(argv=None):
     ap.add_argument("--out", default="out/decode_speed.md", help="the table is appended here; the PNG goes beside it")
     args = ap.parse_args(argv)
     names = [m for m in args.mixers.split(",") if m]
-    backends = [b for b in args.backends.split(",") if b]
+    backends = [b for b in (args.backends or ("triton,torch" if args.device.startswith("cuda") else "torch")).split(",") if b]
     try:
         for m in names:
             M.check_mixer(m, M.MIXERS[1:])

@@ -9,6 +9,7 @@ the weights), under bf16 autocast as train.py runs them:
     python scripts/step_parts.py                          # gated_deltanet, batch 8, length 2048
     python scripts/step_parts.py --mixer=kda --T=4096 --B=4
     python scripts/step_parts.py --profile          # and the kernels of one layer of each kind
+    python scripts/step_parts.py --compile          # and both steps under torch.compile(fullgraph=True)
 
 Each row is the mean wall time of 10 calls after 3 warm-ups, synchronized, so it counts the
 Python and the kernel launches as a training step does; peak memory is the most allocated
@@ -34,7 +35,9 @@ import model as M  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mixer", default="gated_deltanet", choices=mixers.MIXERS)
+    ap.add_argument("--mixer", default="gated_deltanet", choices=M.MIXERS[1:])
+    ap.add_argument("--compile", action="store_true",
+                    help="also time both micro-steps with the loss module under torch.compile(fullgraph=True)")
     ap.add_argument("--backend", default=None, choices=mixers.BACKENDS, help="the student's form (default: triton)")
     ap.add_argument("--B", type=int, default=8, help="sequences")
     ap.add_argument("--T", type=int, default=2048, help="tokens per sequence")
@@ -75,8 +78,10 @@ def main():
         ms = (time.perf_counter() - t0) / n * 1000
         emit(f"| {name} | {ms:.2f} ms | {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB |")
 
-    def step(net, stage):  # one micro-step of train.py: teacher pass, stage loss, backward
+    def step(net, stage, compiled=False):  # one micro-step of train.py: teacher pass, stage loss, backward
         loss_model = distill.StageLoss(net, stage, backend=args.backend)
+        if compiled:  # fullgraph: a graph break (an op torch.compile cannot see into) is an error
+            loss_model = torch.compile(loss_model, fullgraph=True)
 
         def run():
             with ctx:
@@ -122,6 +127,9 @@ def main():
     row("teacher's training micro-step (lm: forward, backward, CE)", step(lm, "lm"))
     row(f"stage-3 micro-step ({args.mixer}: teacher forward, student forward and backward, CE + KL)",
         step(student, "3"))
+    if args.compile:
+        row("teacher's training micro-step, torch.compile(fullgraph=True)", step(lm, "lm", compiled=True))
+        row(f"stage-3 micro-step ({args.mixer}), torch.compile(fullgraph=True)", step(student, "3", compiled=True))
     row("  teacher forward (frozen, bf16 weights, logits)", teacher_forward)
     row("  stage-3 loss, autograd (cross_entropy + kl_per_token), forward and backward", loss_autograd)
     row("  stage-3 loss, fused (distill_loss), forward and backward", loss_fused)
