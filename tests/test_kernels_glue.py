@@ -8,6 +8,7 @@ training shapes.
 """
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -301,3 +302,28 @@ def test_layer_prefill_then_decode_on_the_kernel_path(mixer):
         for t in (9, 10):
             ys.append(layer(x[:, t : t + 1], model.Rope(cos[t : t + 1], sin[t : t + 1]), cache))
     assert rel(torch.cat(ys, 1).cpu(), ref.cpu()) < (1e-4 if DEV == "cpu" else 0.02)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not CUDA,
+                    reason="torch.compile on a CPU needs a C compiler")
+def test_a_student_compiles_whole_on_the_triton_backend():
+    # the kernels are custom operators: torch.compile(fullgraph=True) of a student's stage-3 loss
+    # module (conv, recurrence, norms, decay, fused loss) has no graph break, and computes the same
+    import checkpoint
+    import model
+
+    torch.manual_seed(0)
+    cfg = model.Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64)
+    teacher = model.SmolLM2(cfg).to(DEV)
+    student = checkpoint.student_from_teacher(teacher, "gated_deltanet").set_backend("triton")
+    x = torch.randint(0, 64, (2, 40), device=DEV)
+    t_out = distill.teacher_pass(teacher, x, "3")
+    loss_model = distill.StageLoss(student, "3", backend="triton")
+    out = []
+    for fn in (loss_model, torch.compile(loss_model, fullgraph=True)):
+        student.zero_grad()
+        loss, _ = fn(x, x, t_out)
+        loss.backward()
+        out.append([loss.detach()] + [p.grad.clone() for p in student.parameters()])
+    tol = 1e-5 if DEV == "cpu" else 1e-3
+    assert all(rel(a, b) < tol for a, b in zip(out[1], out[0]))
