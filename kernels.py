@@ -3,8 +3,8 @@ Chunked Triton kernels for the linear recurrences of mixers.py, forward and back
 
 Each public function has the signature and the semantics of its chunked PyTorch twin in
 mixers.py, works on q, k [B, T, H, Dk], v [B, T, H, Dv] and states [B, H, Dk, Dv] (fp32),
-returns (output, final_state), accepts any T (not only chunk multiples) and is a
-torch.autograd.Function with hand-written backward kernels.
+returns (output, final_state), accepts any T (not only chunk multiples) and has hand-written
+backward kernels.
 
     chunk_decay_additive   S_t = exp(g_t) * S_{t-1} + k_t v_t^T ;  o_t = S_t^T (scale q_t)
                            (linear attention, RetNet, mLSTM, GLA)
@@ -20,11 +20,31 @@ under torch.no_grad() only (no backward), with the signatures of mixers.py's dec
 The kernels run compiled on a GPU and, with TRITON_INTERPRET=1, on the CPU, which is how
 the tests check them against the token-by-token references of mixers.py.
 
+Custom operators. Every launch runs inside a torch custom operator (torch.library.custom_op,
+namespace "linearize", registered for every device), so that torch.compile(fullgraph=True)
+traces the public functions without a graph break and keeps the kernels opaque. A forward
+operator has a fake implementation (output shapes and dtypes, for tracing) and is tied to its
+backward operator by register_autograd; the decoding steps have no autograd. An operator may
+return neither None nor one of its inputs: an output it does not have comes back as an empty
+tensor that the Python around it maps to None. Scalars (scale, eps, weights) are Python floats.
+
+    linearize::add_chunk_fwd, add_chunk_bwd              chunk_decay_additive
+    linearize::delta_rule_fwd, delta_rule_bwd            chunk_delta_rule
+    linearize::recurrent_step_decay_additive             recurrent_step_decay_additive
+    linearize::recurrent_step_delta_rule                 recurrent_step_delta_rule
+    linearize::short_conv_fwd, short_conv_bwd            short_conv
+    linearize::distill_loss                              distill_loss, distill_loss_grad
+    linearize::norm_fwd, norm_bwd                        rms_norm_gate, l2_normalize
+    linearize::softplus_decay_fwd, softplus_decay_bwd    softplus_decay
+
 Naming inside kernels (the flash-linear-attention convention):
     i_  program ids and loop indices      o_  offsets (aranges)      m_  masks
     p_  pointers (tensors of addresses)   b_  block values held in registers
     B, T, H, K, V  batch, time, heads, key width Dk, value width Dv
     BT  chunk length, BC  sub-chunk length, BK / BV  key / value block widths, NT chunks
+Gates, in every section: a constexpr GATE, 0 none, 1 [H] constant per head, 2 [B, T, H] per
+head and token, 3 [B, T, H, K] per key channel. Tuning constants: one module-level name each,
+_<SECTION>_<WHAT> (_ADD_WARPS, _DELTA_BV, _CONV_BT, ...), next to the launchers that use it.
 
 References:
 1) Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient Training"
@@ -36,15 +56,17 @@ References:
    (arXiv 2405.04517): the constant and the scalar data-dependent decays.
 
 Sections:
-    1. Shared helpers
-    2. Decayed-additive family: kernels, autograd Function, chunk_decay_additive
-    3. Delta-rule family: kernels, autograd Function, chunk_delta_rule
+    1. Shared helpers (and the custom operators' namespace)
+    2. Decayed-additive family: kernels, custom operators, chunk_decay_additive
+    3. Delta-rule family: kernels, custom operators, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
     5. Training glue, fused: short_conv (mixers.ShortConv; also cutting q, k, v into heads and
-       L2-normalizing q and k), distill_loss_grad (distill.py's stage-3 loss), rms_norm_gate (the
-       mixers' output norm and gate), l2_normalize (the delta rules' q and k without a conv),
-       softplus_decay (the log decay of Gated DeltaNet and KDA)
+       L2-normalizing q and k), distill_loss and distill_loss_grad (distill.py's stage-3 loss),
+       rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k
+       without a conv), softplus_decay (the log decay of Gated DeltaNet and KDA)
 """
+
+from typing import Optional
 
 import torch
 import triton
@@ -52,6 +74,20 @@ import triton.language as tl
 
 # -----------------------------------------------------------------------------
 # 1. Shared helpers
+
+_NS = "linearize"  # the namespace of every custom operator here: torch.ops.linearize.<name>
+
+
+def _op(name):
+    """torch.library.custom_op under _NS that reads and writes no input in place."""
+    return torch.library.custom_op(f"{_NS}::{name}", mutates_args=())
+
+
+def _absent(x):
+    """What an operator returns for an output it does not have: a custom operator may return
+    neither None nor one of its inputs. Its callers know from their arguments (g is None, h0 is
+    None, ...) which outputs are absent and map those back to None; nothing reads the values."""
+    return x.new_empty(0)
 
 
 def _pow2(n, lo=16):
@@ -647,9 +683,11 @@ def _add_gate_kind(g, q):
     if g is None:
         return 0
     B, T, H, K = q.shape
-    kinds = {(H,): 1, (B, T, H): 2, (B, T, H, K): 3}
-    assert tuple(g.shape) in kinds, f"g {tuple(g.shape)}: expected None, [H], [B,T,H] or [B,T,H,Dk]"
-    return kinds[tuple(g.shape)]
+    # by rank, then the sizes compared (not hashed: under torch.compile, sizes may be symbolic)
+    kind = {1: 1, 3: 2, 4: 3}.get(g.dim(), 0)
+    assert kind and tuple(g.shape) == ((H,), (B, T, H), (B, T, H, K))[kind - 1], \
+        f"g {tuple(g.shape)}: expected None, [H], [B,T,H] or [B,T,H,Dk]"
+    return kind
 
 
 def _add_forward_states(k, v, gk, h0, gate, BT):
@@ -673,91 +711,127 @@ def _add_chunk_cumsum(g, BT):
     B, T, H, K = g.shape
     NT = triton.cdiv(T, BT)
     gc = torch.empty(B, NT * BT, H, K, device=g.device, dtype=torch.float32)
-    BK = min(_pow2(K), 64)
+    BK = min(_pow2(K), _ADD_BK)
     _add_chunk_cumsum_kernel[(triton.cdiv(K, BK), NT, B * H)](g, gc, T, NT * BT, H=H, K=K, BT=BT, BK=BK)
     return gc
 
 
-class _AddChunkFunction(torch.autograd.Function):
-    """Autograd wrapper: forward = states + outputs; backward recomputes the states."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, h0, scale, BT):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        gate = _add_gate_kind(g, q)
-        NT = triton.cdiv(T, BT)
-        # the gate as the kernels read it: fp32; per-channel gates as chunk cumsums
-        gk = q if gate == 0 else g.float().contiguous()
-        if gate == 3:
-            assert BT % _ADD_BC == 0, f"per-channel gates need chunk_size a multiple of {_ADD_BC}"
-            gk = _add_chunk_cumsum(gk, BT)
-        hs, ht = _add_forward_states(k, v, gk, h0, gate, BT)
-        o = torch.empty_like(v)
-        if gate == 3:
-            BK, BV = _pow2(K), min(_pow2(V), _ADD_BV)
-            _add_fwd_out_channel_kernel[(triton.cdiv(V, BV), NT * (BT // _ADD_BC), B * H)](
-                q, k, v, gk, hs, o, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
-                BK=BK, BV=BV, num_warps=_ADD_CHANNEL_WARPS)
-        else:
-            BK, BV = _add_blocks(K, V)
-            _add_fwd_out_kernel[(triton.cdiv(V, BV), NT, B * H)](
-                q, k, v, gk, hs, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                GATE=gate, num_warps=_ADD_WARPS)
-        ctx.save_for_backward(q, k, v, g, h0, gk if gate == 3 else None)
-        ctx.scale, ctx.BT, ctx.gate = scale, BT, gate
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, h0, gc = ctx.saved_tensors
-        scale, BT, gate = ctx.scale, ctx.BT, ctx.gate
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        NT = triton.cdiv(T, BT)
-        do = do.contiguous()
-        gk = q if gate == 0 else (gc if gate == 3 else g.float().contiguous())
-        # 1) states entering each chunk, recomputed
-        hs, _ = _add_forward_states(k, v, gk, h0, gate, BT)
-        # 2) gradients of the states leaving each chunk, last chunk first
+@_op("add_chunk_fwd")
+def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                   h0: Optional[torch.Tensor], scale: float, BT: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """States + outputs: (o, final state fp32, gc), gc the per-channel gates' chunk cumsums
+    (kept for the backward) or absent."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    gate = _add_gate_kind(g, q)
+    NT = triton.cdiv(T, BT)
+    # the gate as the kernels read it: fp32; per-channel gates as chunk cumsums
+    gk = q if gate == 0 else g.float().contiguous()  # GATE 0: q a placeholder pointer, never read
+    if gate == 3:
+        gk = _add_chunk_cumsum(gk, BT)
+    hs, ht = _add_forward_states(k, v, gk, h0, gate, BT)
+    o = torch.empty_like(v)
+    if gate == 3:
+        BK, BV = _pow2(K), min(_pow2(V), _ADD_BV)
+        _add_fwd_out_channel_kernel[(triton.cdiv(V, BV), NT * (BT // _ADD_BC), B * H)](
+            q, k, v, gk, hs, o, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
+            BK=BK, BV=BV, num_warps=_ADD_CHANNEL_WARPS)
+    else:
         BK, BV = _add_blocks(K, V)
-        NK = triton.cdiv(K, BK)
-        dhs = torch.empty(B, H, NT, K, V, device=q.device, dtype=q.dtype)
-        dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
-        BVs = min(BV, _ADD_STATE_BV)
-        _add_bwd_state_kernel[(NK, triton.cdiv(V, BVs), B * H)](
-            q, gk, do, dht.contiguous() if dht is not None else do, dhs, dh0 if dh0 is not None else do,
-            scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, GATE=gate,
-            HAS_DHT=dht is not None, HAS_H0=h0 is not None, num_warps=_ADD_WARPS)
-        # 3) dv, then dq, dk and the gate's gradient, one chunk per program
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        if gate == 3:
-            BKc, BVc = _pow2(K), min(_pow2(V), _ADD_BV)
-            _add_bwd_dv_channel_kernel[(triton.cdiv(V, BVc), NT * (BT // _ADD_BC), B * H)](
-                q, k, gk, do, dhs, dv, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
-                BK=BKc, BV=BVc, num_warps=_ADD_CHANNEL_WARPS)
-            dgc = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
-            _add_bwd_dqk_channel_kernel[(NK, NT * (BT // _ADD_BC), B * H)](
-                q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT * BT, NT, H=H, K=K, V=V,
-                BT=BT, BC=_ADD_BC, BK=BK, BV=_pow2(V), num_warps=_ADD_CHANNEL_WARPS)
-            _add_channel_dg_kernel[(NK, NT, B * H)](dgc, hs, dhs, T, NT, H=H, K=K, V=V, BT=BT, BK=BK,
-                                                    BV=BV, num_warps=_ADD_WARPS)
-        else:
-            _add_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](
-                q, k, gk, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                GATE=gate, num_warps=_ADD_WARPS)
-            dgc = torch.empty(NK, B, T, H, device=q.device, dtype=torch.float32) if gate else do
-            _add_bwd_dqk_kernel[(NK, NT, B * H)](
-                q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT, H=H, K=K, V=V,
-                BT=BT, BK=BK, BV=BV, GATE=gate, num_warps=_ADD_WARPS)
-            if gate:
-                dgc = dgc.sum(0)  # [B, T, H]: add the key blocks' shares
-        dg = None
-        if gate == 1:
-            dg = dgc.sum((0, 1)).to(g.dtype)  # one decay per head, used at every position
-        elif gate > 1:
-            dg = dgc.to(g.dtype)
-        return dq, dk, dv, dg, dh0, None, None
+        _add_fwd_out_kernel[(triton.cdiv(V, BV), NT, B * H)](
+            q, k, v, gk, hs, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            GATE=gate, num_warps=_ADD_WARPS)
+    return o, ht, gk if gate == 3 else _absent(q)
+
+
+@_add_chunk_fwd.register_fake
+def _(q, k, v, g, h0, scale, BT):
+    B, T, H, K = q.shape
+    per_channel = g is not None and g.dim() == 4
+    gc = q.new_empty(B, triton.cdiv(T, BT) * BT, H, K, dtype=torch.float32) if per_channel else _absent(q)
+    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), gc
+
+
+@_op("add_chunk_bwd")
+def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor], gc: torch.Tensor,
+                   scale: float, BT: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg, dh0) from the output's and the final state's gradients (dht None: none);
+    dg absent without a gate, dh0 without an initial state. Recomputes the chunk states."""
+    gate = _add_gate_kind(g, q)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, BT)
+    do = do.contiguous()
+    gk = q if gate == 0 else (gc if gate == 3 else g.float().contiguous())
+    # 1) states entering each chunk, recomputed
+    hs, _ = _add_forward_states(k, v, gk, h0, gate, BT)
+    # 2) gradients of the states leaving each chunk, last chunk first
+    BK, BV = _add_blocks(K, V)
+    NK = triton.cdiv(K, BK)
+    dhs = torch.empty(B, H, NT, K, V, device=q.device, dtype=q.dtype)
+    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
+    BVs = min(BV, _ADD_STATE_BV)
+    # do stands in as the pointer of an absent dht or dh0 (HAS_DHT, HAS_H0 false: never touched)
+    _add_bwd_state_kernel[(NK, triton.cdiv(V, BVs), B * H)](
+        q, gk, do, dht.contiguous() if dht is not None else do, dhs, dh0 if dh0 is not None else do,
+        scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, GATE=gate,
+        HAS_DHT=dht is not None, HAS_H0=h0 is not None, num_warps=_ADD_WARPS)
+    # 3) dv, then dq, dk and the gate's gradient, one chunk per program
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if gate == 3:
+        BKc, BVc = _pow2(K), min(_pow2(V), _ADD_BV)
+        _add_bwd_dv_channel_kernel[(triton.cdiv(V, BVc), NT * (BT // _ADD_BC), B * H)](
+            q, k, gk, do, dhs, dv, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
+            BK=BKc, BV=BVc, num_warps=_ADD_CHANNEL_WARPS)
+        dgc = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+        _add_bwd_dqk_channel_kernel[(NK, NT * (BT // _ADD_BC), B * H)](
+            q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT * BT, NT, H=H, K=K, V=V,
+            BT=BT, BC=_ADD_BC, BK=BK, BV=_pow2(V), num_warps=_ADD_CHANNEL_WARPS)
+        _add_channel_dg_kernel[(NK, NT, B * H)](dgc, hs, dhs, T, NT, H=H, K=K, V=V, BT=BT, BK=BK,
+                                                BV=BV, num_warps=_ADD_WARPS)
+    else:
+        _add_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](
+            q, k, gk, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            GATE=gate, num_warps=_ADD_WARPS)
+        dgc = torch.empty(NK, B, T, H, device=q.device, dtype=torch.float32) if gate else do  # do: placeholder
+        _add_bwd_dqk_kernel[(NK, NT, B * H)](
+            q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT, H=H, K=K, V=V,
+            BT=BT, BK=BK, BV=BV, GATE=gate, num_warps=_ADD_WARPS)
+        if gate:
+            dgc = dgc.sum(0)  # [B, T, H]: add the key blocks' shares
+    dg = _absent(q)
+    if gate == 1:
+        dg = dgc.sum((0, 1)).to(g.dtype)  # one decay per head, used at every position
+    elif gate > 1:
+        dg = dgc.to(g.dtype)
+    return dq, dk, dv, dg, _absent(q) if dh0 is None else dh0
+
+
+@_add_chunk_bwd.register_fake
+def _(do, dht, q, k, v, g, h0, gc, scale, BT):
+    B, T, H, K = q.shape
+    dg = _absent(q) if g is None else g.new_empty(g.shape)
+    dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg, dh0
+
+
+def _add_chunk_setup(ctx, inputs, output):
+    q, k, v, g, h0, scale, BT = inputs
+    ctx.mark_non_differentiable(output[2])
+    ctx.save_for_backward(q, k, v, g, h0, output[2])
+    ctx.scale, ctx.BT = scale, BT
+
+
+def _add_chunk_backward(ctx, do, dht, _):
+    q, k, v, g, h0, gc = ctx.saved_tensors
+    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT)
+    return dq, dk, dv, None if g is None else dg, None if h0 is None else dh0, None, None
+
+
+_add_chunk_fwd.register_autograd(_add_chunk_backward, setup_context=_add_chunk_setup)
 
 
 def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64):
@@ -770,15 +844,18 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     """
     _check_qkv(q, k, v)
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0, "chunk_size: a power of two >= 16"
-    if g is not None and g.dim() == 4:
+    gate = _add_gate_kind(g, q)
+    if gate == 3:
         assert q.shape[-1] <= 256, "per-channel gates: Dk <= 256"
+        assert chunk_size % _ADD_BC == 0, f"per-channel gates need chunk_size a multiple of {_ADD_BC}"
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     dt = v.dtype
     q, k = q.to(dt).contiguous(), k.to(dt).contiguous()
     v = v.contiguous()
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
-    return _AddChunkFunction.apply(q, k, v, g, initial_state, scale, chunk_size)
+    o, ht, _ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size)
+    return o, ht
 
 
 # -----------------------------------------------------------------------------
@@ -804,18 +881,24 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 #
 # References: Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence
 # Length" (arXiv 2406.06484; WY form); Yang et al., "Gated Delta Networks" (arXiv 2412.06464);
-# Kimi Team, "Kimi Linear" (arXiv 2510.26692; KDA); flash-linear-attention (the kernel split
-# and the sub-chunk rescaling idea). Shared facts: REFERENCE.md section 2.
+# Kimi Team, "Kimi Linear" (arXiv 2510.26692; KDA); flash-linear-attention
+# (github.com/fla-org/flash-linear-attention, fla/ops/delta_rule, gated_delta_rule and kda: the
+# kernel split and the sub-chunk rescaling idea).
 #
 # Names inside kernels: i_ program ids and loop indices, o_ offsets, m_ masks, b_ block values
-# (registers), p_ pointers. MODE is the gate granularity: 0 none, 1 per head, 2 per key channel.
+# (registers), p_ pointers. GATE is the gate granularity in section 2's codes, of which the delta rule
+# takes three: 0 none, 2 [B, T, H] per head and token, 3 [B, T, H, K] per key channel (a constant
+# per head, code 1, comes in expanded to code 2 by chunk_delta_rule).
 # Buffers that hold chunk-shaped data (gate cumsums, A, T, P and their gradients) are padded to
 # Tp = NT * 64 rows, so that kernels read them without masks and the padded rows of the gate
 # cumsum repeat the last real value (exponents in padded rows stay <= 0, never inf * 0).
 _DELTA_BT = 64  # chunk length
 _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
-# warps per launch, by kernel; bwd_main takes the second value when BK > 64
-_DELTA_WARPS = {"kkt": 4, "wu": 4, "fwd_h": 4, "fwd_o": 4, "bwd_dh": 4, "bwd_main": (4, 8), "bwd_intra": 4}
+_DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
+_DELTA_WARPS = 4  # warps per program of every delta-rule kernel but the two below
+_DELTA_MAIN_WIDE_WARPS = 8  # _delta_bwd_main_kernel at BK > 64, where its [BT, BK] fp32 accumulators double
+_DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
+_DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
 
 def _delta_dot_precision(x):
@@ -854,10 +937,10 @@ def _delta_put_blk(p, x, s, r, BC: tl.constexpr, stride):
 
 
 @triton.jit
-def _delta_gate_base(gc, i_b, i_h, Tp, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
+def _delta_gate_base(gc, i_b, i_h, Tp, H: tl.constexpr, K: tl.constexpr, GATE: tl.constexpr):
     # head i_h of batch i_b in the padded gate cumsum [B, Tp, H, K] or [B, Tp, H]: row t at
     # + t * H * K per channel, + t * H per head (what _delta_gate and _delta_gate_row take)
-    return gc + i_b.to(tl.int64) * Tp * H * (K if MODE == 2 else 1) + i_h * (K if MODE == 2 else 1)
+    return gc + i_b.to(tl.int64) * Tp * H * (K if GATE == 3 else 1) + i_h * (K if GATE == 3 else 1)
 
 
 @triton.jit
@@ -867,9 +950,9 @@ def _delta_chunk_base(p, i_b, i_t, i_h, Tp, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _delta_gate(p_g, o_r, o_k, m_k, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
+def _delta_gate(p_g, o_r, o_k, m_k, H: tl.constexpr, K: tl.constexpr, GATE: tl.constexpr):
     # gate cumsum rows o_r from the padded buffer: [R, BK] per channel, [R, 1] per head
-    if MODE == 2:
+    if GATE == 3:
         b_g = tl.load(p_g + o_r[:, None] * (H * K) + o_k[None, :], mask=m_k[None, :], other=0.)
     else:
         b_g = tl.load(p_g + o_r * H)[:, None]
@@ -877,9 +960,9 @@ def _delta_gate(p_g, o_r, o_k, m_k, H: tl.constexpr, K: tl.constexpr, MODE: tl.c
 
 
 @triton.jit
-def _delta_gate_row(p_g, t, o_k, m_k, H: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr):
+def _delta_gate_row(p_g, t, o_k, m_k, H: tl.constexpr, K: tl.constexpr, GATE: tl.constexpr):
     # gate cumsum of one row t: [BK] per channel, a scalar per head
-    if MODE == 2:
+    if GATE == 3:
         b_g = tl.load(p_g + t * (H * K) + o_k, mask=m_k, other=0.)
     else:
         b_g = tl.load(p_g + t * H)
@@ -901,12 +984,12 @@ def _delta_inv16(b_a, BC: tl.constexpr):
 
 @triton.jit
 def _delta_cumsum_kernel(x, y, T_in, T_out, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                         BK: tl.constexpr, MODE: tl.constexpr, REVERSE: tl.constexpr):
+                         BK: tl.constexpr, GATE: tl.constexpr, REVERSE: tl.constexpr):
     # in-chunk cumsum of a gate (forward: g -> G) or reverse cumsum of its gradient (dG -> dg)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
-    if MODE == 2:
+    if GATE == 3:
         o_k = tl.arange(0, BK)
         m_k = o_k < K
         b_x = _delta_rows(x + (i_b.to(tl.int64) * T_in * H + i_h) * K, o_t, o_t < T_in, o_k, m_k, H * K)
@@ -931,7 +1014,7 @@ def _delta_cumsum_kernel(x, y, T_in, T_out, H: tl.constexpr, K: tl.constexpr, BT
 
 @triton.jit
 def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
-                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # per chunk: A = strict_tril(beta_i k_i.k_j decayed), P = tril(scale q_i.k_j decayed)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -941,10 +1024,10 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
     p_q = q + (i_b.to(tl.int64) * T * H + i_h) * K                     # row t at + t * H * K
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
     p_b = beta + i_b.to(tl.int64) * T * H + i_h                         # row t at + t * H
-    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
     p_A = _delta_chunk_base(A, i_b, i_t, i_h, Tp, H, BT)   # chunk row r at + r * H * BT
     p_P = _delta_chunk_base(P, i_b, i_t, i_h, Tp, H, BT)
-    if MODE != 2:
+    if GATE != 3:
         # scalar decays factor out of the dot: one [BT, BT] product per matrix
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -955,7 +1038,7 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
         b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=DOT)                                 # [BT, BT]
         b_qk = tl.dot(b_q, tl.trans(b_k), input_precision=DOT)                                 # [BT, BT]
         m_lo = o_i[:, None] >= o_i[None, :]
-        if MODE == 1:
+        if GATE == 2:
             b_g = tl.load(p_g + o_t * H)                                  # [BT]
             b_d = tl.exp(tl.where(m_lo, b_g[:, None] - b_g[None, :], 0.))
             b_kk = b_kk * b_d
@@ -972,16 +1055,16 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
             b_qs = _delta_rows(p_q, o_s, m_s, o_k, m_k, H * K).to(tl.float32)   # [BC, BK]
             b_ks = _delta_rows(p_k, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
             b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
-            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, MODE)                  # [BC, BK]
+            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)                  # [BC, BK]
             # reference row: the first of sub-chunk s, so G_i - G_ref <= 0 and G_ref - G_j <= 0
-            b_gref = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, MODE)
+            b_gref = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
             b_qsg = b_qs * tl.exp(b_gs - b_gref[None, :])
             b_ksg = b_ks * tl.exp(b_gs - b_gref[None, :])
             for r in tl.static_range(BT // BC):
                 if r < s:
                     o_r = i_t * BT + r * BC + o_c
                     b_kr = _delta_rows(p_k, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
-                    b_gr = _delta_gate(p_g, o_r, o_k, m_k, H, K, MODE)
+                    b_gr = _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE)
                     b_krg = b_kr * tl.exp(b_gref[None, :] - b_gr)                # [BC, BK]
                     b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
                     b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
@@ -993,7 +1076,7 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
                         t_j = i_t * BT + s * BC + j
                         m_j = m_k & ((t_j + 0 * o_k) < T)    # broadcast first: scalar & block masks fail in the interpreter
                         b_kj = tl.load(p_k + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                        b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, MODE)
+                        b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
                         m_ij = o_c[:, None] >= j
                         b_kje = b_kj[None, :] * tl.exp(tl.where(m_ij, b_gs - b_gj[None, :], 0.))
                         b_ca = tl.sum(b_ks * b_kje, 1)                          # [BC] column j of A
@@ -1061,7 +1144,7 @@ def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constex
 
 @triton.jit
 def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     # W = T (beta * K * exp(G)) [BT, K],  U = T (beta * V) [BT, V]
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -1075,9 +1158,9 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.con
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
     b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32) * b_b[:, None]
-    if MODE != 0:
-        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
-        b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, MODE))
+    if GATE != 0:
+        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
+        b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))
     _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_k, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
     p_v = v + (i_b.to(tl.int64) * T * H + i_h) * V
     p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
@@ -1091,7 +1174,7 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.con
 @triton.jit
 def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        MODE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT: tl.constexpr):
+                        GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT: tl.constexpr):
     # the only sequential part: walk the chunks, store each chunk's start state and Vnew
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -1103,7 +1186,7 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
     p_w = w + (i_b.to(tl.int64) * T * H + i_h) * K
     p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
     p_vn = vn + (i_b.to(tl.int64) * T * H + i_h) * V
-    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
     b_h = tl.zeros([BK, BV], dtype=tl.float32)                                       # [K, BV] state
     if USE_H0:
         b_h += _delta_rows(h0 + i_bh.to(tl.int64) * K * V, o_k, m_k, o_v, m_v, V).to(tl.float32)
@@ -1117,14 +1200,14 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
         _delta_put(p_vn, b_vn, o_t, m_t, o_v, m_v, H * V)
         b_vn = b_vn.to(b_w.dtype)                 # the state sees the same rounded Vnew as O does
         b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K)
-        if MODE == 1:
+        if GATE == 2:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * H)                           # scalar
             b_g = tl.load(p_g + o_t * H)                                            # [BT]
             b_h *= tl.exp(b_gl)
             b_k = (b_k * tl.exp(b_gl - b_g)[:, None]).to(b_w.dtype)
-        elif MODE == 2:
+        elif GATE == 3:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)  # [BK]
-            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)                        # [BT, BK]
+            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)                        # [BT, BK]
             b_h *= tl.exp(b_gl)[:, None]
             b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_w.dtype)
         b_h += tl.dot(tl.trans(b_k), b_vn, input_precision=DOT)                                          # [BK, BT] @ [BT, BV]
@@ -1135,7 +1218,7 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
 @triton.jit
 def _delta_fwd_o_kernel(q, vn, gc, h, P, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        MODE: tl.constexpr, DOT: tl.constexpr):
+                        GATE: tl.constexpr, DOT: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # O = scale (Q * exp(G)) h + P Vnew, chunks in parallel
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -1148,9 +1231,9 @@ def _delta_fwd_o_kernel(q, vn, gc, h, P, o, scale, T, Tp, NT, H: tl.constexpr, K
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_q = _delta_rows(q + (i_b.to(tl.int64) * T * H + i_h) * K, o_t, m_t, o_k, m_k, H * K)
-    if MODE != 0:
-        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
-        b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, MODE))).to(q.dtype.element_ty)
+    if GATE != 0:
+        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
+        b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))).to(q.dtype.element_ty)
     b_h = _delta_rows(h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V, o_k, m_k, o_v, m_v, V)
     b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=DOT) * scale                                   # [BT, BV]
     p_P = _delta_chunk_base(P, i_b, i_t, i_h, Tp, H, BT)
@@ -1167,7 +1250,7 @@ def _delta_fwd_o_kernel(q, vn, gc, h, P, o, scale, T, Tp, NT, H: tl.constexpr, K
 @triton.jit
 def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT, H: tl.constexpr,
                          K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                         BV: tl.constexpr, MODE: tl.constexpr, USE_DHT: tl.constexpr,
+                         BV: tl.constexpr, GATE: tl.constexpr, USE_DHT: tl.constexpr,
                          STORE_DH0: tl.constexpr, DOT: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # reverse walk over chunks; dh is the gradient of the state at the END of the chunk:
@@ -1185,7 +1268,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
     p_w = w + (i_b.to(tl.int64) * T * H + i_h) * K
     p_do = do + (i_b.to(tl.int64) * T * H + i_h) * V
     p_dv = dvn + (i_b.to(tl.int64) * T * H + i_h) * V
-    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += _delta_rows(dht + i_bh.to(tl.int64) * K * V, o_k, m_k, o_v, m_v, V).to(tl.float32)
@@ -1199,22 +1282,22 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
         b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K)
         p_P = _delta_chunk_base(P, i_b, i_t, i_h, Tp, H, BT)
         b_p = tl.load(p_P + o_i[:, None] * (H * BT) + o_i[None, :])                 # [BT, BT]
-        if MODE == 1:
+        if GATE == 2:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * H)
             b_g = tl.load(p_g + o_t * H)[:, None]
             b_k = (b_k * tl.exp(b_gl - b_g)).to(b_do.dtype)
             b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
-        elif MODE == 2:
+        elif GATE == 3:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)
-            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)
+            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)
             b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_do.dtype)
             b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
         b_dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT) + tl.dot(b_k, b_dh.to(b_do.dtype), input_precision=DOT)
         _delta_put(p_dv, b_dv, o_t, m_t, o_v, m_v, H * V)
         b_w = _delta_rows(p_w, o_t, m_t, o_k, m_k, H * K)
-        if MODE == 1:
+        if GATE == 2:
             b_dh *= tl.exp(b_gl)
-        elif MODE == 2:
+        elif GATE == 3:
             b_dh *= tl.exp(b_gl)[:, None]
         b_dh += tl.dot(tl.trans(b_q), b_do, input_precision=DOT) * scale - tl.dot(tl.trans(b_w), b_dv.to(b_w.dtype), input_precision=DOT)
     if STORE_DH0:
@@ -1224,7 +1307,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
 @triton.jit
 def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv, db, dG, dP, dA,
                            scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
+                           BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # per chunk, everything except the in-chunk pairwise (q_i, k_j) and (k_i, k_j) terms:
     # those leave as dP (gradient of P) and dA (gradient of A) for _delta_bwd_intra_kernel
@@ -1270,12 +1353,12 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     o_bk = (i_b.to(tl.int64) * T * H + i_h) * K
     b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
     b_k = _delta_rows(k + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
-    if MODE != 0:
-        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
-        b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, MODE)                            # [BT, BK] or [BT, 1]
-        b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, MODE)
+    if GATE != 0:
+        p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
+        b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)                            # [BT, BK] or [BT, 1]
+        b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, GATE)
         b_eg = tl.exp(b_g)
-        if MODE == 2:
+        if GATE == 3:
             b_egl = tl.exp(b_gl[None, :] - b_g)
         else:
             b_egl = tl.exp(b_gl - b_g)
@@ -1300,13 +1383,13 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
     tl.store(p_dP + o_i[:, None] * (H * BT) + o_i[None, :], b_dp)
     tl.store(p_dA + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
-    if MODE != 0:
+    if GATE != 0:
         # dG from the terms handled here: Q e^G h, beta K e^G in W, K e^(G_last - G) in h'
         b_dg = b_q * b_dq + b_k * b_dkw - b_k * b_dkh
         # G_last enters through exp(G_last) h and exp(G_last - G): one extra term on the last row
         b_last = b_dgl * tl.exp(b_gl) + tl.sum(b_k * b_dkh, 0)                      # [BK]
         b_dg = tl.where(o_i[:, None] == BT - 1, b_dg + b_last[None, :], b_dg)
-        if MODE == 2:
+        if GATE == 3:
             _delta_put(dG + (i_b.to(tl.int64) * Tp * H + i_h) * K, b_dg, o_t, o_t < Tp, o_k, m_k, H * K)
         else:
             tl.store(dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h, tl.sum(b_dg, 1))
@@ -1315,8 +1398,8 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
 @triton.jit
 def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp,
                             H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                            BK: tl.constexpr, MODE: tl.constexpr, DOT: tl.constexpr):
-    # pairwise terms inside a chunk. With D_ij = exp(G_i - G_j) (per channel for MODE 2):
+                            BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
+    # pairwise terms inside a chunk. With D_ij = exp(G_i - G_j) (per channel for GATE 3):
     #   dq_i += sum_j dP_ij D_ij k_j                      (P = scale q.k, scale folded into dP)
     #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
     #   dk_i += beta_i sum_j dA_ij D_ij k_j,   dbeta_i += k_i . sum_j dA_ij D_ij k_j
@@ -1331,8 +1414,8 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
     p_dbo = dbeta + i_b.to(tl.int64) * T * H + i_h
     p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
     p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
-    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, MODE)
-    if MODE != 2:
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
+    if GATE != 3:
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         o_i = tl.arange(0, BT)
@@ -1341,7 +1424,7 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
         b_b = tl.load(p_b + o_t * H, mask=m_t, other=0.).to(tl.float32)
         b_dp = tl.load(p_dP + o_i[:, None] * (H * BT) + o_i[None, :])
         b_da = tl.load(p_dA + o_i[:, None] * (H * BT) + o_i[None, :])
-        if MODE == 1:
+        if GATE == 2:
             b_g = tl.load(p_g + o_t * H)
             b_d = tl.exp(tl.where(o_i[:, None] >= o_i[None, :], b_g[:, None] - b_g[None, :], 0.))
             b_dp = b_dp * b_d
@@ -1355,7 +1438,7 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
         _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
         _delta_put(dk + o_bk, b_dk, o_t, m_t, o_k, m_k, H * K)
         tl.store(p_dbo + o_t * H, b_db.to(dbeta.dtype.element_ty), mask=m_t)
-        if MODE == 1:
+        if GATE == 2:
             b_dg = tl.sum(b_q * b_rp - b_k * b_cp + b_k * b_ra * b_b[:, None], 1)
             p_dG = dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h
             tl.store(p_dG, tl.load(p_dG) + b_dg)
@@ -1367,10 +1450,10 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
             b_qs = _delta_rows(q + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
             b_ks = _delta_rows(k + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
             b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
-            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, MODE)
+            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)
             # references: first row of s for row-side sums, last row of s for column-side sums
-            b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, MODE)
-            b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, MODE)
+            b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
+            b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, GATE)
             b_rp = tl.zeros([BC, BK], dtype=tl.float32)
             b_ra = tl.zeros([BC, BK], dtype=tl.float32)
             b_cp = tl.zeros([BC, BK], dtype=tl.float32)
@@ -1380,12 +1463,12 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
                 if r < s:
                     # rows of s, columns of r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
                     b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32)
-                    b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, MODE))
+                    b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))
                     b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
                     b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
                 if r > s:
                     # rows of r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
-                    b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, MODE) - b_gla[None, :])
+                    b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, GATE) - b_gla[None, :])
                     b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
                     b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
                     b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
@@ -1404,7 +1487,7 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
                 b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
                 b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
                 b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
-                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, MODE)
+                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
                 # row side: i in s with i >= j
                 b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
                 b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
@@ -1428,7 +1511,7 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
 
 
 # ----------------------------------------------------------------------------------------
-# 3.4 delta-rule launchers and autograd
+# 3.4 delta-rule launchers, custom operators and autograd
 # ----------------------------------------------------------------------------------------
 
 def _delta_dims(q, v):
@@ -1437,7 +1520,7 @@ def _delta_dims(q, v):
     assert K <= 256, "key head dim above 256 is not supported by these kernels"
     NT = triton.cdiv(T, _DELTA_BT)
     BK = max(16, triton.next_power_of_2(K))
-    BV = min(64, max(16, triton.next_power_of_2(V)))
+    BV = min(_DELTA_BV, max(16, triton.next_power_of_2(V)))
     return B, T, H, K, V, NT, NT * _DELTA_BT, BK, BV
 
 
@@ -1455,30 +1538,30 @@ def _delta_seq_stages(q, BK):
     return 1 if q.element_size() == 4 and BK > 64 else 3
 
 
-def _delta_prepare(q, k, v, beta, g, scale, mode):
+def _delta_prepare(q, k, v, beta, g, scale, gate):
     """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     BT, BC, dot = _DELTA_BT, _DELTA_BC, _delta_dot_precision(q)
-    gc = q  # placeholder pointer when there is no gate (MODE 0 never reads it)
-    if mode:
-        gc = torch.empty((B, Tp, H, K) if mode == 2 else (B, Tp, H), device=q.device, dtype=torch.float32)
-        _delta_cumsum_kernel[(NT, B * H)](g, gc, T, Tp, H=H, K=K, BT=BT, BK=BK, MODE=mode, REVERSE=False)
+    gc = q  # placeholder pointer when there is no gate (GATE 0 never reads it)
+    if gate:
+        gc = torch.empty((B, Tp, H, K) if gate == 3 else (B, Tp, H), device=q.device, dtype=torch.float32)
+        _delta_cumsum_kernel[(NT, B * H)](g, gc, T, Tp, H=H, K=K, BT=BT, BK=BK, GATE=gate, REVERSE=False)
     A = torch.empty(B, Tp, H, BT, device=q.device, dtype=torch.float32)
     P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
     _delta_kkt_kernel[(NT, B * H)](q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
-                                   MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["kkt"])
+                                   GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
     Ai = torch.empty_like(A)
-    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=1)  # 16x16 work: one warp
+    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
     return gc, Ai, P
 
 
-def _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht):
+def _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht):
     """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     BT, dot = _DELTA_BT, _delta_dot_precision(q)
     w, u = torch.empty_like(k), torch.empty_like(v)
     _delta_wu_kernel[(NT, B * H)](k, v, beta, gc, Ai, w, u, T, Tp, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                                  MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["wu"])
+                                  GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
     # chunk states in the inputs' dtype: every reader casts them to it for its dot anyway
     h = torch.empty(B, NT, H, K, V, device=q.device, dtype=q.dtype)
     vn = torch.empty_like(v)
@@ -1486,66 +1569,112 @@ def _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht):
     ht = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if store_ht else None
     _delta_fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
         k, w, u, gc, h0 if h0 is not None else q, h, vn, ht if store_ht else q, T, Tp, NT,
-        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, USE_H0=h0 is not None, STORE_HT=store_ht,
-        DOT=dot, num_warps=_DELTA_WARPS["fwd_h"], num_stages=_delta_seq_stages(q, BK))
+        H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, USE_H0=h0 is not None, STORE_HT=store_ht,
+        DOT=dot, num_warps=_DELTA_WARPS, num_stages=_delta_seq_stages(q, BK))
     return w, h, vn, ht
 
 
-class _DeltaRuleFunction(torch.autograd.Function):
+def _delta_gate_code(g):
+    """g's granularity in section 2's codes: 0 none, 2 [B, T, H], 3 [B, T, H, K]."""
+    return 0 if g is None else (2 if g.dim() == 3 else 3)
 
-    @staticmethod
-    def forward(ctx, q, k, v, beta, g, h0, scale):
-        mode = 0 if g is None else (1 if g.dim() == 3 else 2)
-        B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
-        gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, mode)
-        _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht=True)
-        o, dot = torch.empty_like(v), _delta_dot_precision(q)
-        _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
-            q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
-            MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["fwd_o"])
-        ctx.save_for_backward(q, k, v, beta, g, h0, gc if mode else None, Ai, P)
-        ctx.mode, ctx.scale = mode, scale
-        return o, ht
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, beta, g, h0, gc, Ai, P = ctx.saved_tensors
-        mode, scale = ctx.mode, ctx.scale
-        B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
-        BT, dot = _DELTA_BT, _delta_dot_precision(q)
-        if gc is None:
-            gc = q
-        do = do.contiguous()
-        # recompute W, the chunk states and Vnew in fp32 instead of keeping them from forward
-        w, h, vn, _ = _delta_states(q, k, v, beta, gc, Ai, h0, mode, store_ht=False)
-        dh = torch.empty_like(h)
-        dvn = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
-        dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
-        BVs = _delta_bv_seq(B, H, V, BV)
-        _delta_bwd_dh_kernel[(triton.cdiv(V, BVs), B * H)](
-            q, k, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
-            dh, dvn, scale, T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, MODE=mode,
-            USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=_DELTA_WARPS["bwd_dh"],
-            num_stages=_delta_seq_stages(q, BK))
-        f32 = dict(device=q.device, dtype=torch.float32)
-        dq_in, dk_in = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
-        db_in = torch.empty(B, T, H, **f32)
-        dv = torch.empty_like(v)
-        dP, dA = torch.empty(B, Tp, H, BT, **f32), torch.empty(B, Tp, H, BT, **f32)
-        dG = torch.empty((B, Tp, H, K) if mode == 2 else (B, Tp, H), **f32) if mode else q
-        _delta_bwd_main_kernel[(NT, B * H)](
-            q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
-            T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["bwd_main"][BK > 64],
-            num_stages=1)
-        dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
-        _delta_bwd_intra_kernel[(NT, B * H)](
-            q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
-            BC=_DELTA_BC, BK=BK, MODE=mode, DOT=dot, num_warps=_DELTA_WARPS["bwd_intra"])
-        dg = None
-        if mode:
-            dg = torch.empty_like(g)
-            _delta_cumsum_kernel[(NT, B * H)](dG, dg, Tp, T, H=H, K=K, BT=BT, BK=BK, MODE=mode, REVERSE=True)
-        return dq, dk, dv, dbeta, dg, dh0, None
+@_op("delta_rule_fwd")
+def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                    g: Optional[torch.Tensor], h0: Optional[torch.Tensor], scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, final state fp32, gate cumsum gc (absent without a gate), T = (I + A)^-1, P): the
+    outputs and what the backward keeps from the forward."""
+    gate = _delta_gate_code(g)
+    B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
+    gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, gate)
+    _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
+    o, dot = torch.empty_like(v), _delta_dot_precision(q)
+    _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
+        q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
+        GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
+    return o, ht, gc if gate else _absent(q), Ai, P
+
+
+@_delta_rule_fwd.register_fake
+def _(q, k, v, beta, g, h0, scale):
+    B, T, H, K = q.shape
+    Tp, BT = triton.cdiv(T, _DELTA_BT) * _DELTA_BT, _DELTA_BT
+    gate = _delta_gate_code(g)
+    gc = q.new_empty((B, Tp, H, K) if gate == 3 else (B, Tp, H), dtype=torch.float32) if gate else _absent(q)
+    return (torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), gc,
+            q.new_empty(B, Tp, H, BT, dtype=torch.float32), q.new_empty(B, Tp, H, BT))
+
+
+@_op("delta_rule_bwd")
+def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor],
+                    gc: torch.Tensor, Ai: torch.Tensor, P: torch.Tensor, scale: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dbeta, dg, dh0) from the output's and the final state's gradients (dht None:
+    none); dg absent without a gate, dh0 without an initial state."""
+    gate = _delta_gate_code(g)
+    B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
+    BT, dot = _DELTA_BT, _delta_dot_precision(q)
+    if not gate:
+        gc = q  # placeholder pointer (GATE 0 never reads it)
+    do = do.contiguous()
+    # recompute W, the chunk states and Vnew in fp32 instead of keeping them from forward
+    w, h, vn, _ = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=False)
+    dh = torch.empty_like(h)
+    dvn = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
+    dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
+    BVs = _delta_bv_seq(B, H, V, BV)
+    # q stands in as the pointer of an absent dht or dh0 (USE_DHT, STORE_DH0 false: never touched)
+    _delta_bwd_dh_kernel[(triton.cdiv(V, BVs), B * H)](
+        q, k, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
+        dh, dvn, scale, T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, GATE=gate,
+        USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=_DELTA_WARPS,
+        num_stages=_delta_seq_stages(q, BK))
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dq_in, dk_in = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
+    db_in = torch.empty(B, T, H, **f32)
+    dv = torch.empty_like(v)
+    dP, dA = torch.empty(B, Tp, H, BT, **f32), torch.empty(B, Tp, H, BT, **f32)
+    dG = torch.empty((B, Tp, H, K) if gate == 3 else (B, Tp, H), **f32) if gate else q  # q: placeholder
+    _delta_bwd_main_kernel[(NT, B * H)](
+        q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
+        T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
+        num_warps=_DELTA_MAIN_WIDE_WARPS if BK > 64 else _DELTA_WARPS, num_stages=_DELTA_MAIN_STAGES)
+    dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
+    _delta_bwd_intra_kernel[(NT, B * H)](
+        q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
+        BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
+    dg = _absent(q)
+    if gate:
+        dg = torch.empty_like(g)
+        _delta_cumsum_kernel[(NT, B * H)](dG, dg, Tp, T, H=H, K=K, BT=BT, BK=BK, GATE=gate, REVERSE=True)
+    return dq, dk, dv, dbeta, dg, _absent(q) if dh0 is None else dh0
+
+
+@_delta_rule_bwd.register_fake
+def _(do, dht, q, k, v, beta, g, h0, gc, Ai, P, scale):
+    B, T, H, K = q.shape
+    dg = _absent(q) if g is None else torch.empty_like(g)
+    dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta), dg, dh0
+
+
+def _delta_rule_setup(ctx, inputs, output):
+    q, k, v, beta, g, h0, scale = inputs
+    _, _, gc, Ai, P = output
+    ctx.mark_non_differentiable(gc, Ai, P)
+    ctx.save_for_backward(q, k, v, beta, g, h0, gc, Ai, P)
+    ctx.scale = scale
+
+
+def _delta_rule_backward(ctx, do, dht, *_):
+    q, k, v, beta, g, h0, gc, Ai, P = ctx.saved_tensors
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(do, dht, q, k, v, beta, g, h0, gc, Ai, P, ctx.scale)
+    return dq, dk, dv, dbeta, None if g is None else dg, None if h0 is None else dh0, None
+
+
+_delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
 
 def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64):
@@ -1557,15 +1686,18 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
     """
     assert chunk_size == _DELTA_BT, f"the delta-rule kernels use chunks of {_DELTA_BT}, got {chunk_size}"
     B, T, H, K = q.shape
+    assert K <= 256, "key head dim above 256 is not supported by these kernels"
     scale = K ** -0.5 if scale is None else scale
     if g is not None:
         if g.dim() == 1:
-            g = g.view(1, 1, H).expand(B, T, H)  # a constant per head is a per-head gate
-        assert tuple(g.shape) in ((B, T, H), (B, T, H, K)), f"g {tuple(g.shape)}: expected [B,T,H] or [B,T,H,Dk]"
+            g = g.view(1, 1, H).expand(B, T, H)  # a constant per head (code 1) is a per-head gate (code 2)
+        assert g.dim() in (3, 4) and tuple(g.shape) == (B, T, H, K)[:g.dim()], \
+            f"g {tuple(g.shape)}: expected [B,T,H] or [B,T,H,Dk]"
         g = g.contiguous()
     h0 = initial_state.float().contiguous() if initial_state is not None else None
-    return _DeltaRuleFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
-                                    g, h0, float(scale))
+    o, ht, *_ = _delta_rule_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), g, h0,
+                                float(scale))
+    return o, ht
 
 
 # -----------------------------------------------------------------------------
@@ -1585,6 +1717,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
 # autograd on, inputs that require gradients are refused rather than silently detached.
 
 _STEP_BV = 32  # value block: more programs (B * H * cdiv(Dv, 32)) for small decoding batches
+_STEP_WARPS = 4  # warps per program
 
 
 @triton.jit
@@ -1628,8 +1761,8 @@ def _step_kernel(q, k, v, beta, g, h0, o, ht, scale, H: tl.constexpr, K: tl.cons
     tl.store(ht + o_kv, b_h, mask=m_kv)
 
 
-def _step_launch(q, k, v, beta, g, initial_state, scale):
-    """Check the shapes and launch _step_kernel; beta None means the decayed-additive family."""
+def _step_check(q, k, v, beta, g, initial_state, scale):
+    """Check the shapes and the grad mode; the default scale. beta None: the decayed-additive family."""
     _check_qkv(q, k, v)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -1638,23 +1771,62 @@ def _step_launch(q, k, v, beta, g, initial_state, scale):
     needs_grad = any(x is not None and x.requires_grad for x in (q, k, v, beta, g, initial_state))
     assert not (torch.is_grad_enabled() and needs_grad), \
         "the decoding steps have no backward: call them under torch.no_grad()"
-    gate = _add_gate_kind(g, q)  # T = 1: [H], [B, 1, H] or [B, 1, H, K]
+    _add_gate_kind(g, q)  # T = 1: [H], [B, 1, H] or [B, 1, H, K]
     if beta is not None:
         assert tuple(beta.shape) == (B, 1, H), f"beta {tuple(beta.shape)}: expected [B, 1, H]"
     if initial_state is not None:
         shape = tuple(initial_state.shape)
         assert shape == (B, H, K, V), f"initial_state {shape}: expected [B,H,Dk,Dv] = {(B, H, K, V)}"
+    return K ** -0.5 if scale is None else float(scale)
+
+
+def _step_launch(q, k, v, beta, g, initial_state, scale):
+    """Launch _step_kernel on checked inputs: (o [B,1,H,Dv] in v's dtype, new state fp32)."""
+    B, _, H, K = q.shape
+    V = v.shape[-1]
+    gate = _add_gate_kind(g, q)
+    if initial_state is not None:
         initial_state = initial_state.float().contiguous()  # read only: the kernel writes ht
-    scale = K ** -0.5 if scale is None else float(scale)
     o = torch.empty(B, 1, H, V, device=v.device, dtype=v.dtype)
     ht = torch.empty(B, H, K, V, device=v.device, dtype=torch.float32)
     BK, BV = _pow2(K), min(_pow2(V), _STEP_BV)
+    # q stands in as the pointer of an absent beta or g, ht as that of an absent initial state
+    # (DELTA, GATE, HAS_H0 say which the kernel reads)
     _step_kernel[(triton.cdiv(V, BV), B * H)](
         q.contiguous(), k.contiguous(), v.contiguous(), q if beta is None else beta.contiguous(),
         q if g is None else g.contiguous(), ht if initial_state is None else initial_state, o, ht, scale,
         H=H, K=K, V=V, BK=BK, BV=BV, GATE=gate, DELTA=beta is not None, HAS_H0=initial_state is not None,
-        num_warps=4)
+        num_warps=_STEP_WARPS)
     return o, ht
+
+
+def _step_fake(q, v):
+    B, _, H, K = q.shape
+    V = v.shape[-1]
+    return v.new_empty(B, 1, H, V), v.new_empty(B, H, K, V, dtype=torch.float32)
+
+
+@_op("recurrent_step_decay_additive")
+def _step_additive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+                   h0: Optional[torch.Tensor], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _step_launch(q, k, v, None, g, h0, scale)
+
+
+@_step_additive.register_fake
+def _(q, k, v, g, h0, scale):
+    return _step_fake(q, v)
+
+
+@_op("recurrent_step_delta_rule")
+def _step_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
+                g: Optional[torch.Tensor], h0: Optional[torch.Tensor], scale: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _step_launch(q, k, v, beta, g, h0, scale)
+
+
+@_step_delta.register_fake
+def _(q, k, v, beta, g, h0, scale):
+    return _step_fake(q, v)
 
 
 def recurrent_step_decay_additive(q, k, v, g=None, initial_state=None, scale=None):
@@ -1665,7 +1837,8 @@ def recurrent_step_decay_additive(q, k, v, g=None, initial_state=None, scale=Non
     initial_state [B,H,Dk,Dv] or None (zeros). Returns (o [B,1,H,Dv] in v's dtype, a new
     state [B,H,Dk,Dv] in fp32); initial_state is not modified.
     """
-    return _step_launch(q, k, v, None, g, initial_state, scale)
+    scale = _step_check(q, k, v, None, g, initial_state, scale)
+    return _step_additive(q, k, v, g, initial_state, scale)
 
 
 def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None):
@@ -1674,7 +1847,8 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
     S = exp(g) * S ;  S = S + beta k (v - S^T k)^T ;  o = S^T (scale * q)
     Shapes as recurrent_step_decay_additive, with beta [B,1,H]. Returns (o, new fp32 state).
     """
-    return _step_launch(q, k, v, beta, g, initial_state, scale)
+    scale = _step_check(q, k, v, beta, g, initial_state, scale)
+    return _step_delta(q, k, v, beta, g, initial_state, scale)
 
 
 # -----------------------------------------------------------------------------
@@ -1700,7 +1874,7 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 reads the row twice (a pass for the log-sum-exps, a pass for the loss and
 #                 the gradient) and writes the gradient, known in closed form:
 #                     d CE / dz = softmax(z) - onehot(y),  d T^2 KL / dz = T (softmax(z / T) - p_t)
-#                 so autograd's backward is one multiply by the incoming scalar.
+#                 so autograd's backward is one multiply by the incoming scalar (distill_loss).
 
 
 @triton.jit
@@ -1815,52 +1989,88 @@ def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, NT, S: tl.constexpr, BT: t
     tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
-_CONV_BT = 64
+_CONV_BT = 64  # time rows per program
+_CONV_LANES = 64  # channel lanes per program: whole heads of head_dim channels, or 64 channels
+_CONV_WARPS = 4  # warps per program
 
 
 def _conv_heads(head_dim):
-    """(E, EP, NH): channel blocks of NH heads of E channels (EP lanes each), 64 lanes or one
-    head. Without heads (head_dim None) the blocks are plain 64-channel slices."""
+    """(E, EP, NH): channel blocks of NH heads of E channels (EP lanes each), _CONV_LANES lanes or
+    one head. Without heads (head_dim None) the blocks are plain _CONV_LANES-channel slices."""
     if head_dim is None:
-        return 64, 64, 1
+        return _CONV_LANES, _CONV_LANES, 1
     EP = triton.next_power_of_2(head_dim)
-    return head_dim, EP, max(1, 64 // EP)
+    return head_dim, EP, max(1, _CONV_LANES // EP)
 
 
-class _ShortConvFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, parts, l2_parts, head_dim):
-        B, T, D = x.shape
-        S, DP = w.shape[1], D // parts
-        if x.stride(2) != 1:
-            x = x.contiguous()
-        w32 = w.float().contiguous()
-        E, EP, NH = _conv_heads(head_dim)
-        y = torch.empty(parts, B, T, DP, device=x.device, dtype=x.dtype)
-        grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, NH * E), B)
-        _conv_fwd_kernel[grid](x, w32, y, B, T, D, x.stride(0), x.stride(1), DP, l2_parts * DP, S=S, BT=_CONV_BT,
-                               E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=4)
-        ctx.save_for_backward(x, w32)
-        ctx.w_dtype, ctx.heads, ctx.l2_parts = w.dtype, (E, EP, NH), l2_parts
-        return y.unbind(0)
+def _conv_rows(x):
+    """x [B, T, D] as the kernels read it: any strides with contiguous channels."""
+    return x if x.stride(2) == 1 else x.contiguous()
 
-    @staticmethod
-    def backward(ctx, *dys):
-        x, w32 = ctx.saved_tensors
-        B, T, D = x.shape
-        (E, EP, NH), parts = ctx.heads, len(dys)
-        S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
-        grid = (NT, triton.cdiv(D, NH * E), B)
-        dy = torch.stack(dys)  # autograd hands zeros for an output that got no gradient
-        da = torch.empty(B, T, D, device=x.device, dtype=dy.dtype)
-        dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
-        dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
-        SB, SX = x.stride(0), x.stride(1)
-        _conv_da_kernel[grid](x, w32, dy, da, B, T, D, SB, SX, D // parts, ctx.l2_parts * D // parts, S=S,
-                              BT=_CONV_BT, E=E, EP=EP, NH=NH, L2=ctx.l2_parts > 0, num_warps=4)
-        _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, SB, SX, NT, S=S, BT=_CONV_BT, E=E, EP=EP, NH=NH,
-                               num_warps=4)
-        return dx, dwp.sum(0).t().to(ctx.w_dtype), None, None, None
+
+@_op("short_conv_fwd")
+def _short_conv_fwd(x: torch.Tensor, w: torch.Tensor, parts: int, l2_parts: int,
+                    head_dim: Optional[int]) -> torch.Tensor:
+    """y [parts, B, T, D / parts] in x's dtype (short_conv cuts it into the parts)."""
+    x = _conv_rows(x)
+    B, T, D = x.shape
+    S, DP = w.shape[1], D // parts
+    w32 = w.float().contiguous()
+    E, EP, NH = _conv_heads(head_dim)
+    y = torch.empty(parts, B, T, DP, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, NH * E), B)
+    _conv_fwd_kernel[grid](x, w32, y, B, T, D, x.stride(0), x.stride(1), DP, l2_parts * DP, S=S, BT=_CONV_BT,
+                           E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
+    return y
+
+
+@_short_conv_fwd.register_fake
+def _(x, w, parts, l2_parts, head_dim):
+    B, T, D = x.shape
+    return x.new_empty(parts, B, T, D // parts)
+
+
+@_op("short_conv_bwd")
+def _short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, l2_parts: int,
+                    head_dim: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx [B, T, D] contiguous in x's dtype, dw [D, S] in w's dtype) from dy laid out as y."""
+    x = _conv_rows(x)
+    w32 = w.float().contiguous()
+    dy = dy.contiguous()
+    B, T, D = x.shape
+    parts = dy.shape[0]
+    E, EP, NH = _conv_heads(head_dim)
+    S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
+    grid = (NT, triton.cdiv(D, NH * E), B)
+    da = torch.empty(B, T, D, device=x.device, dtype=dy.dtype)
+    dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
+    dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
+    SB, SX = x.stride(0), x.stride(1)
+    _conv_da_kernel[grid](x, w32, dy, da, B, T, D, SB, SX, D // parts, l2_parts * D // parts, S=S,
+                          BT=_CONV_BT, E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
+    _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, SB, SX, NT, S=S, BT=_CONV_BT, E=E, EP=EP, NH=NH,
+                           num_warps=_CONV_WARPS)
+    return dx, dwp.sum(0).t().contiguous().to(w.dtype)
+
+
+@_short_conv_bwd.register_fake
+def _(dy, x, w, l2_parts, head_dim):
+    return x.new_empty(x.shape), w.new_empty(w.shape)
+
+
+def _short_conv_setup(ctx, inputs, output):
+    x, w, parts, l2_parts, head_dim = inputs
+    ctx.save_for_backward(x, w)
+    ctx.l2_parts, ctx.head_dim = l2_parts, head_dim
+
+
+def _short_conv_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw = _short_conv_bwd(dy, x, w, ctx.l2_parts, ctx.head_dim)
+    return dx, dw, None, None, None
+
+
+_short_conv_fwd.register_autograd(_short_conv_backward, setup_context=_short_conv_setup)
 
 
 def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None):
@@ -1877,7 +2087,9 @@ def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None):
         f"x {tuple(x.shape)} must be [B,T,D] and weight {tuple(weight.shape)} [D,S]"
     assert x.shape[2] % parts == 0 and l2_parts <= parts, f"{x.shape[2]} channels do not cut into {parts} parts"
     assert not l2_parts or (head_dim and (x.shape[2] // parts) % head_dim == 0), "L2 needs heads that tile the parts"
-    ys = _ShortConvFunction.apply(x, weight, parts, l2_parts, head_dim if l2_parts else None)
+    # the gradient of the parts reaches the operator's backward stacked: autograd hands zeros for
+    # a part that got none
+    ys = _short_conv_fwd(x, weight, parts, l2_parts, head_dim if l2_parts else None).unbind(0)
     return ys[0] if parts == 1 else ys
 
 
@@ -1934,28 +2146,78 @@ def _distill_loss_kernel(z, t, y, inv_n, grad, ce, kl, V, ce_weight, kl_weight, 
     tl.store(kl + row, tl.where(keep, tl.sum(b_kl, axis=0) * temperature * temperature, 0.0))
 
 
-_LOSS_BV = 4096
+_LOSS_BV = 4096  # vocabulary block: a row of V logits in cdiv(V, 4096) steps per pass
+_LOSS_WARPS = 8  # warps per program (one row)
 
 
-def distill_loss_grad(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0, grad=True):
-    """Stage 3's loss on rows of logits and its gradient, fused, outside autograd (distill.py's
-    distill_loss wraps it): returns (ce, kl, dz).
-
-    z (student) and t (teacher, or None for cross-entropy alone) [N, V]; y [N] targets, -1 where a
-    row does not count. ce and kl are means over the rows that count (kl scaled by T^2); dz is the
-    gradient of ce_weight * ce + kl_weight * kl in z's dtype, or None when grad is False.
-    """
-    assert z.dim() == 2 and y.shape == z.shape[:1], f"z {tuple(z.shape)} must be [N,V], y {tuple(y.shape)} [N]"
-    assert t is None or t.shape == z.shape, f"t {tuple(t.shape)} must match z {tuple(z.shape)}"
+@_op("distill_loss")
+def _distill_loss_op(z: torch.Tensor, t: Optional[torch.Tensor], y: torch.Tensor, ce_weight: float,
+                     kl_weight: float, temperature: float, grad: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss = ce_weight * ce + kl_weight * kl, ce, kl, dz): fp32 scalars and the gradient of the
+    loss in z's dtype, absent when grad is False."""
     N, V = z.shape
     z, y = z.contiguous(), y.contiguous()
     inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # stays on the device
     dz = torch.empty_like(z) if grad else None
     ce, kl = (torch.empty(N, device=z.device, dtype=torch.float32) for _ in range(2))
+    # z stands in as the pointer of an absent teacher or gradient (KL, GRAD false: never touched)
     _distill_loss_kernel[(N,)](z, z if t is None else t.contiguous(), y, inv_n.reshape(1), z if dz is None else dz,
-                               ce, kl, V, float(ce_weight), float(kl_weight), float(temperature), KL=t is not None,
-                               GRAD=grad, BV=min(_LOSS_BV, triton.next_power_of_2(V)), num_warps=8)
-    return ce.sum() * inv_n, kl.sum() * inv_n, dz
+                               ce, kl, V, ce_weight, kl_weight, temperature, KL=t is not None,
+                               GRAD=grad, BV=min(_LOSS_BV, triton.next_power_of_2(V)), num_warps=_LOSS_WARPS)
+    ce, kl = ce.sum() * inv_n, kl.sum() * inv_n
+    return ce_weight * ce + kl_weight * kl, ce, kl, _absent(z) if dz is None else dz
+
+
+@_distill_loss_op.register_fake
+def _(z, t, y, ce_weight, kl_weight, temperature, grad):
+    return (*(z.new_empty((), dtype=torch.float32) for _ in range(3)), z.new_empty(z.shape) if grad else _absent(z))
+
+
+def _distill_loss_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.save_for_backward(output[3])
+
+
+def _distill_loss_backward(ctx, dloss, *_):
+    (dz,) = ctx.saved_tensors
+    dz = dz * dloss.to(dz.dtype) if ctx.needs_input_grad[0] else None  # the loss is linear in dz's scale
+    return dz, None, None, None, None, None, None
+
+
+_distill_loss_op.register_autograd(_distill_loss_backward, setup_context=_distill_loss_setup)
+
+
+def _distill_check(z, t, y):
+    assert z.dim() == 2 and y.shape == z.shape[:1], f"z {tuple(z.shape)} must be [N,V], y {tuple(y.shape)} [N]"
+    assert t is None or t.shape == z.shape, f"t {tuple(t.shape)} must match z {tuple(z.shape)}"
+
+
+def distill_loss_grad(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0, grad=True):
+    """Stage 3's loss on rows of logits and its gradient, fused, outside autograd (distill_loss
+    below wraps it): returns (ce, kl, dz).
+
+    z (student) and t (teacher, or None for cross-entropy alone) [N, V]; y [N] targets, -1 where a
+    row does not count. ce and kl are means over the rows that count (kl scaled by T^2); dz is the
+    gradient of ce_weight * ce + kl_weight * kl in z's dtype, or None when grad is False.
+    """
+    _distill_check(z, t, y)
+    _, ce, kl, dz = _distill_loss_op(z, t, y, float(ce_weight), float(kl_weight), float(temperature), grad)
+    return ce, kl, dz if grad else None
+
+
+def distill_loss(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
+    """Stage 3's loss, differentiable in z: (loss, ce, kl) with loss = ce_weight * ce + kl_weight * kl,
+    ce and kl as distill_loss_grad gives them (not differentiable, to log).
+
+    z, t [N, V] logits (t None: cross-entropy alone, kl 0), y [N], -1 where a row does not count.
+    The forward computes the gradient in closed form with the loss and keeps it (in z's dtype, not
+    autograd's fp32 copies of the [N, V] logits); the backward scales it by the incoming gradient.
+    """
+    _distill_check(z, t, y)
+    grad = torch.is_grad_enabled() and z.requires_grad
+    loss, ce, kl, _ = _distill_loss_op(z, t, y, float(ce_weight), float(kl_weight), float(temperature), grad)
+    return loss, ce, kl
 
 
 # Norms over the last axis, with an optional gate, for rows of D <= 1024 (one block a row):
@@ -2041,56 +2303,92 @@ def _norm_gate_rows(z, D):
     return zr, zr.shape[1], zr.stride(0)
 
 
+_NORM_BLOCK = 4096  # elements per program: rows of D <= 1024 grouped to about this many
+_NORM_WARPS = 4  # warps per program
+
+
 def _norm_rows(D):
-    """Rows per program: about 4096 elements a block."""
+    """Rows per program: about _NORM_BLOCK elements a block."""
     BD = triton.next_power_of_2(D)
-    return max(1, 4096 // BD), BD
+    return max(1, _NORM_BLOCK // BD), BD
 
 
-class _NormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, z, c, eps, act):
-        shape, D = x.shape, x.shape[-1]
-        x = x.reshape(-1, D).contiguous()
-        z, ZH, SZ = _norm_gate_rows(z, D)
-        N = x.shape[0]
-        BR, BD = _norm_rows(D)
-        y = torch.empty_like(x)
-        _norm_fwd_kernel[(triton.cdiv(N, BR),)](x, x if w is None else w, x if z is None else z, y, N, D, ZH, SZ, c,
-                                                eps, HAS_W=w is not None, ACT=_NORM_ACTS[act], BR=BR, BD=BD,
-                                                num_warps=4)
-        ctx.save_for_backward(x, w, z)
-        ctx.c, ctx.eps, ctx.act, ctx.shape, ctx.z_rows = c, eps, act, shape, (ZH, SZ)
-        return y.view(shape)
+@_op("norm_fwd")
+def _norm_fwd(x: torch.Tensor, w: Optional[torch.Tensor], z: Optional[torch.Tensor], c: float, eps: float,
+              act: int) -> torch.Tensor:
+    """y = x * r * w * act(z) over the last axis, r = 1 / sqrt(c * sum(x^2) + eps); act a code of
+    _NORM_ACTS (0: no gate)."""
+    shape, D = x.shape, x.shape[-1]
+    x = x.reshape(-1, D).contiguous()
+    z, ZH, SZ = _norm_gate_rows(z, D)
+    N = x.shape[0]
+    BR, BD = _norm_rows(D)
+    y = torch.empty_like(x)
+    # x stands in as the pointer of an absent weight or gate (HAS_W, ACT say which are read)
+    _norm_fwd_kernel[(triton.cdiv(N, BR),)](x, x if w is None else w, x if z is None else z, y, N, D, ZH, SZ, c,
+                                            eps, HAS_W=w is not None, ACT=act, BR=BR, BD=BD,
+                                            num_warps=_NORM_WARPS)
+    return y.view(shape)
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, w, z = ctx.saved_tensors
-        N, D = x.shape
-        BR, BD = _norm_rows(D)
-        grid = triton.cdiv(N, BR)
-        dx = torch.empty_like(x)
-        dz = None if z is None else torch.empty(N, D, device=z.device, dtype=z.dtype)
-        dwp = None if w is None else torch.empty(grid, D, device=x.device, dtype=torch.float32)
-        _norm_bwd_kernel[(grid,)](x, x if w is None else w, x if z is None else z, dy.reshape(-1, D).contiguous(),
-                                  dx, x if dwp is None else dwp, x if dz is None else dz, N, D, *ctx.z_rows, ctx.c,
-                                  ctx.eps, HAS_W=w is not None, ACT=_NORM_ACTS[ctx.act], BR=BR, BD=BD, num_warps=4)
-        dw = None if w is None else dwp.sum(0).to(w.dtype)
-        dz = None if z is None else dz.view(ctx.shape)
-        return dx.view(ctx.shape), dw, dz, None, None, None
+
+@_norm_fwd.register_fake
+def _(x, w, z, c, eps, act):
+    return x.new_empty(x.shape)
+
+
+@_op("norm_bwd")
+def _norm_bwd(dy: torch.Tensor, x: torch.Tensor, w: Optional[torch.Tensor], z: Optional[torch.Tensor], c: float,
+              eps: float, act: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, dz), dw absent without a weight and dz without a gate."""
+    shape, D = x.shape, x.shape[-1]
+    x = x.reshape(-1, D).contiguous()
+    zr, ZH, SZ = _norm_gate_rows(z, D)
+    N = x.shape[0]
+    BR, BD = _norm_rows(D)
+    grid = triton.cdiv(N, BR)
+    dx = torch.empty_like(x)
+    dz = None if z is None else torch.empty(N, D, device=z.device, dtype=z.dtype)
+    dwp = None if w is None else torch.empty(grid, D, device=x.device, dtype=torch.float32)
+    _norm_bwd_kernel[(grid,)](x, x if w is None else w, x if zr is None else zr, dy.reshape(-1, D).contiguous(),
+                              dx, x if dwp is None else dwp, x if dz is None else dz, N, D, ZH, SZ, c,
+                              eps, HAS_W=w is not None, ACT=act, BR=BR, BD=BD, num_warps=_NORM_WARPS)
+    dw = _absent(x) if w is None else dwp.sum(0).to(w.dtype).view(w.shape)
+    dz = _absent(x) if z is None else dz.view(z.shape)
+    return dx.view(shape), dw, dz
+
+
+@_norm_bwd.register_fake
+def _(dy, x, w, z, c, eps, act):
+    return (x.new_empty(x.shape), _absent(x) if w is None else w.new_empty(w.shape),
+            _absent(x) if z is None else z.new_empty(z.shape))
+
+
+def _norm_setup(ctx, inputs, output):
+    x, w, z, c, eps, act = inputs
+    ctx.save_for_backward(x, w, z)
+    ctx.c, ctx.eps, ctx.act = c, eps, act
+
+
+def _norm_backward(ctx, dy):
+    x, w, z = ctx.saved_tensors
+    dx, dw, dz = _norm_bwd(dy, x, w, z, ctx.c, ctx.eps, ctx.act)
+    return dx, None if w is None else dw, None if z is None else dz, None, None, None
+
+
+_norm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 
 def rms_norm_gate(x, weight, z=None, act=None, eps=1e-5):
     """RMSNorm over the last axis (fp32 inside), times an optional gate act(z), act "silu" or
     "sigmoid": y = x / sqrt(mean(x^2) + eps) * weight * act(z), in x's dtype. x, z [..., D]."""
     assert act in _NORM_ACTS and (z is None) == (act is None), "a gate z needs act 'silu' or 'sigmoid'"
-    return _NormFunction.apply(x, weight, z, 1.0 / x.shape[-1], eps, act)
+    return _norm_fwd(x, weight, z, 1.0 / x.shape[-1], float(eps), _NORM_ACTS[act])
 
 
 def l2_normalize(x, eps=1e-24):
     """x / sqrt(|x|^2 + eps) over the last axis (fp32 inside), in x's dtype: F.normalize(x, dim=-1),
     whose floor on |x| is 1e-12 = sqrt(eps), wherever |x| is not near that floor."""
-    return _NormFunction.apply(x, None, None, 1.0, eps, None)
+    return _norm_fwd(x, None, None, 1.0, float(eps), 0)
 
 
 # Mamba-2's log decay, as Gated DeltaNet (one per head) and KDA (one per key channel) make it:
@@ -2135,35 +2433,63 @@ def _decay_bwd_kernel(a, A_log, dt_bias, dg, da, dAp, dbp, N, HK, SA, K: tl.cons
     tl.store(dbp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dx, axis=0), mask=o_c < HK)
 
 
-class _DecayFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, A_log, dt_bias):
-        shape, H = a.shape, A_log.shape[0]
-        N, HK = a.shape[0] * a.shape[1], dt_bias.numel()
-        rows = a.stride(0) == a.shape[1] * a.stride(1) and a[0, 0].is_contiguous()  # [N, HK] rows, strided
-        a2 = a if rows else a.contiguous()
-        A32, b32 = A_log.float().contiguous(), dt_bias.float().contiguous()
-        g = torch.empty(shape, device=a.device, dtype=torch.float32)
-        BR, BC = 64, min(64, triton.next_power_of_2(HK))
-        grid = (triton.cdiv(N, BR), triton.cdiv(HK, BC))
-        _decay_fwd_kernel[grid](a2, A32, b32, g, N, HK, a2.stride(1), K=HK // H, BR=BR, BC=BC, num_warps=4)
-        ctx.save_for_backward(a2, A32, b32)
-        ctx.dtypes = (a.dtype, A_log.dtype, dt_bias.dtype)
-        return g
+_DECAY_BR, _DECAY_BC = 64, 64  # rows and channels per program
+_DECAY_WARPS = 4  # warps per program
 
-    @staticmethod
-    def backward(ctx, dg):
-        a, A32, b32 = ctx.saved_tensors
-        H, HK, N = A32.shape[0], b32.shape[0], a.shape[0] * a.shape[1]
-        BR, BC = 64, min(64, triton.next_power_of_2(HK))
-        grid = (triton.cdiv(N, BR), triton.cdiv(HK, BC))
-        da = torch.empty(a.shape, device=a.device, dtype=ctx.dtypes[0])
-        dAp = torch.empty(grid[0], HK, device=a.device, dtype=torch.float32)
-        dbp = torch.empty_like(dAp)
-        _decay_bwd_kernel[grid](a, A32, b32, dg.contiguous(), da, dAp, dbp, N, HK, a.stride(1), K=HK // H, BR=BR,
-                                BC=BC, num_warps=4)
-        dA = dAp.sum(0).view(H, HK // H).sum(1)
-        return da, dA.to(ctx.dtypes[1]), dbp.sum(0).to(ctx.dtypes[2])
+
+def _decay_launch(a, A_log, dt_bias):
+    """a as the kernels read it ([N, HK] rows SA apart: a copy only when a[b, t] is not one
+    contiguous run), A_log and dt_bias in fp32, the grid and K."""
+    H, HK, N = A_log.shape[0], dt_bias.numel(), a.shape[0] * a.shape[1]
+    rows = a.stride(0) == a.shape[1] * a.stride(1) and a[0, 0].is_contiguous()  # [N, HK] rows, strided
+    a2 = a if rows else a.contiguous()
+    BC = min(_DECAY_BC, triton.next_power_of_2(HK))
+    grid = (triton.cdiv(N, _DECAY_BR), triton.cdiv(HK, BC))
+    return a2, A_log.float().contiguous(), dt_bias.float().contiguous(), N, HK, HK // H, BC, grid
+
+
+@_op("softplus_decay_fwd")
+def _decay_fwd(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    a2, A32, b32, N, HK, K, BC, grid = _decay_launch(a, A_log, dt_bias)
+    g = torch.empty(a.shape, device=a.device, dtype=torch.float32)
+    _decay_fwd_kernel[grid](a2, A32, b32, g, N, HK, a2.stride(1), K=K, BR=_DECAY_BR, BC=BC, num_warps=_DECAY_WARPS)
+    return g
+
+
+@_decay_fwd.register_fake
+def _(a, A_log, dt_bias):
+    return a.new_empty(a.shape, dtype=torch.float32)
+
+
+@_op("softplus_decay_bwd")
+def _decay_bwd(dg: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(da, dA_log, ddt_bias) in the inputs' dtypes."""
+    a2, A32, b32, N, HK, K, BC, grid = _decay_launch(a, A_log, dt_bias)
+    H = A32.shape[0]
+    da = torch.empty(a.shape, device=a.device, dtype=a.dtype)
+    dAp = torch.empty(grid[0], HK, device=a.device, dtype=torch.float32)
+    dbp = torch.empty_like(dAp)
+    _decay_bwd_kernel[grid](a2, A32, b32, dg.contiguous(), da, dAp, dbp, N, HK, a2.stride(1), K=K, BR=_DECAY_BR,
+                            BC=BC, num_warps=_DECAY_WARPS)
+    dA = dAp.sum(0).view(H, K).sum(1)
+    return da, dA.to(A_log.dtype), dbp.sum(0).to(dt_bias.dtype).view(dt_bias.shape)
+
+
+@_decay_bwd.register_fake
+def _(dg, a, A_log, dt_bias):
+    return a.new_empty(a.shape), A_log.new_empty(A_log.shape), dt_bias.new_empty(dt_bias.shape)
+
+
+def _decay_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _decay_backward(ctx, dg):
+    return _decay_bwd(dg, *ctx.saved_tensors)
+
+
+_decay_fwd.register_autograd(_decay_backward, setup_context=_decay_setup)
 
 
 def softplus_decay(a, A_log, dt_bias):
@@ -2172,4 +2498,4 @@ def softplus_decay(a, A_log, dt_bias):
     a's rows may be strided (a slice of a wider projection)."""
     assert a.dim() in (3, 4) and A_log.shape == (a.shape[2],) and dt_bias.numel() == a[0, 0].numel(), \
         f"a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}"
-    return _DecayFunction.apply(a, A_log, dt_bias)
+    return _decay_fwd(a, A_log, dt_bias)

@@ -180,7 +180,7 @@ def main():
     print(f"{len(found)} launches recorded; compiling for sm_90 with {a.jobs} processes", flush=True)
     rows = compile_all(found, a.jobs)
     for name, consts, opts, shared in sorted(rows, key=lambda r: -r[3]):
-        c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "MODE", "DOT"))
+        c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "DOT"))
         print(f"{shared:7d} B  {'OVER ' if shared > SM90_SHARED else ''}{name} {c} "
               f"warps={opts['num_warps']} stages={opts['num_stages']}")
     over = [r for r in rows if r[3] > SM90_SHARED]

@@ -1,10 +1,10 @@
 """Triton kernels of the decayed-additive family (kernels.chunk_decay_additive).
 
 S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), with g none / [H] / [B,T,H] /
-[B,T,H,Dk]. On the CPU the kernels run in Triton's interpreter (fp32, tiny shapes, chunk 16
-or 32 so that several chunks and several 16-row sub-chunks are crossed); on a GPU the same
-claims are checked in bf16 at larger shapes, with fla's tolerances (REFERENCE.md section 2).
-Ground truth is mixers.py's token-by-token loop in fp64.
+[B,T,H,Dk]. The small fp32 claims (tiny shapes, chunk 16 or 32 so that several chunks and
+several 16-row sub-chunks are crossed) run on the GPU when there is one, compiled, and otherwise
+on the CPU in Triton's interpreter; on a GPU the same claims are also checked in bf16 at larger
+shapes, with fla's tolerances. Ground truth is mixers.py's token-by-token loop in fp64.
 """
 
 import os
@@ -20,7 +20,8 @@ import kernels  # noqa: E402
 import mixers  # noqa: E402
 from gradients import run_and_grad  # noqa: E402
 
-CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where every claim runs
+CUDA = DEV == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"  # compiled kernels
 GATES = ["none", "head_const", "head", "channel"]
 
 
@@ -30,7 +31,7 @@ def recurrence(q, k, v, g=None, h0=None, scale=None):
     return mixers.recurrent_decay_additive(f64(q), f64(k), f64(v), f64(g), f64(h0), scale)
 
 
-def make_inputs(gate, B, T, H, K, V, device="cpu", dtype=torch.float32, seed=0):
+def make_inputs(gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
     gen = torch.Generator(device).manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, device=device)  # noqa: E731
     q, k, v = rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V)
@@ -65,8 +66,11 @@ def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dty
         assert torch.isfinite(x).all()
 
 
-# fp32 in the interpreter is exact up to rounding
-CPU_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5, "dg": 1e-5}
+# fp32 in the interpreter is exact up to rounding. Compiled, tl.dot takes fp32 operands as tf32
+# (10-bit mantissa), which these kernels keep (fp32 training is not their use)
+FP32_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5, "dg": 1e-5}
+if CUDA:  # seen on an H200: 5e-4 to 1.8e-3
+    FP32_TOL = {"o": 3e-3, "ht": 3e-3, "grad": 3e-3, "dg": 3e-3}
 
 
 @pytest.mark.parametrize("gate,T,K,chunk,with_state", [
@@ -78,9 +82,9 @@ CPU_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5, "dg": 1e-5}
     ("channel", 37, 20, 16, False),  # one sub-chunk per chunk, no state in or out
     ("channel", 20, 80, 16, True),   # two key blocks of 64
 ])
-def test_matches_recurrence_cpu(gate, T, K, chunk, with_state):
+def test_matches_recurrence_fp32(gate, T, K, chunk, with_state):
     # Dk = 20 or 80 and Dv = 17 are not powers of two: every block is masked
-    check_against_recurrence(gate, 2, T, 2, K, 17, chunk, with_state, "cpu", torch.float32, CPU_TOL)
+    check_against_recurrence(gate, 2, T, 2, K, 17, chunk, with_state, DEV, torch.float32, FP32_TOL)
 
 
 @pytest.mark.parametrize("gate", ["head", "channel"])
@@ -93,30 +97,35 @@ def test_state_hands_over(gate):
         part = lambda x: None if x is None else x[:, a:b]  # noqa: E731
         o, h = kernels.chunk_decay_additive(part(q), part(k), part(v), part(g), h, chunk_size=16)
         outs.append(o)
-    assert rel(torch.cat(outs, 1), whole) < 1e-5 and rel(h, hw) < 1e-5
+    tol = FP32_TOL["o"]
+    assert rel(torch.cat(outs, 1), whole) < tol and rel(h, hw) < tol
 
 
 def test_extreme_gates_stay_finite_and_exact():
     # log decays from -1e4 to 0 in neighbouring channels: exp(-G) would overflow in fp32
     (q, k, v), _, h0 = make_inputs("channel", 1, 40, 1, 16, 16)
-    gen = torch.Generator().manual_seed(1)
-    g = -torch.rand(1, 40, 1, 16, generator=gen) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4]).repeat(4)
+    gen = torch.Generator(DEV).manual_seed(1)
+    g = -torch.rand(1, 40, 1, 16, generator=gen, device=DEV) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4], device=DEV).repeat(4)
     o, ht = kernels.chunk_decay_additive(q, k, v, g, h0, chunk_size=32)
     ro, rht = recurrence(q, k, v, g, h0)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     # in-chunk cumulative sums reach -1e5: their fp32 differences carry ~1e-4 relative error
-    assert rel(o, ro) < 1e-3 and rel(ht, rht) < 1e-3
+    # (compiled: tf32 products, 1.0e-3 seen on an H200)
+    tol = 3e-3 if CUDA else 1e-3
+    assert rel(o, ro) < tol and rel(ht, rht) < tol
 
 
 def test_bad_gate_shape_is_named():
     (q, k, v), _, _ = make_inputs("none", 1, 8, 2, 16, 16)
     with pytest.raises(AssertionError, match=r"g \(1, 8\)"):
-        kernels.chunk_decay_additive(q, k, v, torch.zeros(1, 8))
+        kernels.chunk_decay_additive(q, k, v, torch.zeros(1, 8, device=DEV))
 
 
 # --- the same claims on a GPU, bf16, compiled kernels ------------------------------------
 
-# fla's acceptance levels for half-precision inputs (REFERENCE.md section 2)
+# fla's acceptance levels for half-precision inputs: the ratios of its tests' assert_close, RMS
+# error over the reference's RMS (fla-org/flash-linear-attention, tests/ops/test_gated_delta.py:
+# 0.005 for o and ht, 0.008 for dq dk dv dh0, 0.02 for dg and dbeta); rel() is that ratio
 GPU_TOL = {"o": 0.005, "ht": 0.005, "grad": 0.008, "dg": 0.02}
 
 

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("records launches through Triton's interpreter (CPU runs)", allow_module_level=True)
+    pytest.skip("interpreter only: records launches through Triton's interpreter (TRITON_INTERPRET=1, which "
+                "conftest.py sets without a GPU)", allow_module_level=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("kernel_smem", os.path.join(ROOT, "scripts", "kernel_smem.py"))

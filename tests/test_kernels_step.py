@@ -1,9 +1,9 @@
 """Fused one-token decoding kernels (kernels.recurrent_step_decay_additive / _delta_rule).
 
-Ground truth is mixers._step, the PyTorch step mixers.py decodes with, run in fp64. On the
-CPU the kernels run in Triton's interpreter in fp32, at value widths that are not powers of
-two (mLSTM decodes with Dv = head_dim + 1); on a GPU the same claim is checked in bf16 at
-decoding sizes.
+Ground truth is mixers._step, the PyTorch step mixers.py decodes with, run in fp64. The fp32
+claims, at value widths that are not powers of two (mLSTM decodes with Dv = head_dim + 1), run
+on the GPU when there is one, compiled, and otherwise on the CPU in Triton's interpreter; on a
+GPU the same claim is also checked in bf16 at decoding sizes.
 """
 
 import os
@@ -19,12 +19,13 @@ pytest.importorskip("triton")
 import kernels  # noqa: E402
 import mixers  # noqa: E402
 
-CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where every claim runs
+CUDA = DEV == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"  # compiled kernels
 GATES = ["none", "head_const", "head", "channel"]
 FAMILIES = ["additive", "delta"]
 
 
-def make_inputs(family, gate, B, T, H, K, V, device="cpu", dtype=torch.float32, seed=0):
+def make_inputs(family, gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
     """q, k, v [B, T, H, *] as the layers make them (views of one fused projection, so not
     contiguous), beta [B, T, H] or None, a log decay g <= 0 of the asked granularity, h0."""
     gen = torch.Generator(device).manual_seed(seed)
