@@ -74,8 +74,8 @@ def setup(tmp_path_factory):
 
 def args(root, **kw):
     base = dict(mixer=MIXER, teacher=root / "teacher.pt", data_dir=root / "data", out_dir=root / "out",
-                block_size=32, batch_size=4, max_iters=8, eval_interval=8, eval_iters=2,
-                dtype="float32", device="cpu", learning_rate=1e-2)
+                block_size=32, batch_size=4, grad_accum=1, max_iters=8, eval_interval=8, eval_iters=2,
+                log_interval=1, dtype="float32", device="cpu", learning_rate=1e-2)  # the same on a GPU machine
     base.update(kw)
     return [f"--{k}={v}" for k, v in base.items()]
 
