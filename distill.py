@@ -204,6 +204,21 @@ def compare(student_logits, teacher_logits, targets):
     }
 
 
+@torch.no_grad()
+def evaluate(loss_model, teacher, batches, ctx):
+    """The stage loss, and the student against the teacher, over the fixed val batches."""
+    totals = {}
+    for x, y in batches:
+        with ctx:
+            t_out = teacher_pass(teacher, x, loss_model.stage, logits=True)
+            _, parts = loss_model(x, y, t_out)
+            metrics = compare(loss_model.student(x), t_out["logits"], y)
+        metrics["loss"] = parts["loss"].item()
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + v / len(batches)
+    return totals
+
+
 # ---------------------------------------------------------------------------------------------
 # Cost, for MFU
 

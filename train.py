@@ -261,21 +261,6 @@ def write_profile(prof, s, wall, base, cuda):
     print(f"{summary}\nwrote {base}_profile.txt and {base}_profile.json", flush=True)
 
 
-@torch.no_grad()
-def evaluate(loss_model, teacher, batches, ctx):
-    """The stage loss, and the student against the teacher, over the fixed val batches."""
-    totals = {}
-    for x, y in batches:
-        with ctx:
-            t_out = distill.teacher_pass(teacher, x, loss_model.stage, logits=True)
-            _, parts = loss_model(x, y, t_out)
-            metrics = distill.compare(loss_model.student(x), t_out["logits"], y)
-        metrics["loss"] = parts["loss"].item()
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + v / len(batches)
-    return totals
-
-
 def count(n):
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
@@ -367,7 +352,7 @@ def main(argv=None):
 
     def eval_and_save():  # rank 0 only: eval, checkpoint, plot
         t0 = time.time()
-        metrics = evaluate(loss_model, teacher, val_batches, ctx)
+        metrics = distill.evaluate(loss_model, teacher, val_batches, ctx)
         history["val"].append({"step": step, **metrics})
         mem = f" | peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if dev_type == "cuda" else ""
         log(f"eval step {step}: val loss {metrics['loss']:.4f} | ppl {math.exp(metrics['ce']):.2f} "
