@@ -191,6 +191,11 @@ def evaluate(net, tok, args, data, teacher=None):
 def main(argv=None):
     args = get_args(argv)
     dtype = getattr(torch, args.dtype)
+    tasks = [t for t in args.tasks.split(",") if t]
+    missing = [t for t in tasks if args.mc_source == "offline" and not os.path.exists(os.path.join(args.mc_dir, f"{t}.jsonl"))]
+    if missing:  # before any work: the perplexity pass takes minutes on a CPU
+        sys.exit(f"error: {args.mc_dir} has no {', '.join(missing)}: run python data/mc_offline/prepare.py "
+                 f"(offline tasks: {TASKS})")
     net, tok = checkpoint.load_from_args(args)
     try:
         student = net.config.mixer != "attention"

@@ -111,3 +111,10 @@ def test_greedy_hit_and_recovery_through_the_command_line(tmp_path, capsys):
     cont = "".join(inv[i] for i in x[3:])
     assert E.loglikelihoods(tiny(2), CharTok(), [(ctx, cont)])[0][1] is True
     assert E.mc_accuracy(tiny(2), CharTok(), [{"requests": [(ctx, cont)], "gold": 0}])["acc"] == 1.0
+
+
+def test_missing_task_files_stop_before_any_work(tmp_path):
+    # a one-line message naming the command that prepares them, before the model is even loaded
+    with pytest.raises(SystemExit) as e:
+        E.main(["--init_from=NOWHERE.pt", f"--mc_dir={tmp_path}", "--tasks=arc_easy,piqa"])
+    assert "has no arc_easy, piqa" in e.value.code and "python data/mc_offline/prepare.py" in e.value.code
