@@ -139,13 +139,10 @@ def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weig
     teacher_logits None: cross-entropy alone (kl 0). Backend triton (the default for CUDA
     tensors): one fused kernel, kernels.distill_loss, computes the same loss and its gradient in
     closed form, in the logits' dtype (autograd keeps several fp32 copies of [B, T, V] here)."""
-    if mixers.resolve_backend(backend, student_logits) == "triton":
-        if not student_logits.is_cuda:  # Triton's interpreter, or a one-line error
-            mixers.check_backend("triton", student_logits.device)
-        import kernels  # only here: CPU runs never need triton
-
+    f = mixers.forms(backend, student_logits)  # kernels.py for triton, as the mixers choose
+    if f is not mixers.TORCH:
         t = None if teacher_logits is None else teacher_logits.flatten(0, 1)
-        return kernels.distill_loss(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight,
+        return f.distill_loss(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight,
                                     temperature)
     ce = cross_entropy(student_logits, targets)
     if teacher_logits is None:

@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
-import model as M
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --mc_source=hub

@@ -594,7 +594,8 @@ class MixerLayer(nn.Module):
         if self.conv is not None and tail is None:  # from a zero past (training, a prompt): one op
             q, k, v = f.short_conv(qkv, self.conv.weight, parts=3, l2_parts=2 * self.qk_l2, head_dim=D)
             q, k, v = q.view(B, T, H, D), k.view(B, T, H, D), v.view(B, T, H, D)
-            tail = conv_tail(qkv, self.conv.weight.shape[1] - 1)
+            if cache is not None:  # a prompt: decoding goes on from its last inputs
+                tail = conv_tail(qkv, self.conv.weight.shape[1] - 1)
         else:
             if self.conv is not None:  # decoding: the conv continues from the kept tail
                 qkv, tail = self.conv(qkv, tail)

@@ -85,10 +85,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalize in fp32, as the reference implementation does, then scale in x's dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # normalize in fp32, as the reference implementation does, then scale in x's dtype: the
+        # mixers' output norm without its gate
+        return mixers.rms_norm_gate(x, self.weight, eps=self.eps)
 
 
 def rope_cos_sin(positions, head_dim, theta, device=None):
