@@ -60,7 +60,7 @@ def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dty
     errs = {"o": rel(o, ro), "ht": rel(ht, rht)}
     errs.update({n: rel(a, b) for n, a, b in zip(names, grads, rgrads)})
     for name, err in errs.items():
-        limit = tol[name] if name in tol else tol["grad"]
+        limit = tol.get(f"{name}_{gate}", tol.get(name, tol["grad"]))
         assert err < limit, f"{gate}: {name} relative error {err:.2e} >= {limit} ({errs})"
     for x in [o, ht] + grads:
         assert torch.isfinite(x).all()
@@ -69,8 +69,9 @@ def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dty
 # fp32 in the interpreter is exact up to rounding. Compiled, tl.dot takes fp32 operands as tf32
 # (10-bit mantissa), which these kernels keep (fp32 training is not their use)
 FP32_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5, "dg": 1e-5}
-if CUDA:  # seen on an H200: 5e-4 to 1.8e-3
-    FP32_TOL = {"o": 3e-3, "ht": 3e-3, "grad": 3e-3, "dg": 3e-3}
+if CUDA:  # seen on an H200: 5e-4 to 1.8e-3; a per-head constant decay's dg is one sum over
+    # every position, whose terms of both signs cancel, so its tf32 error is larger (2.7e-2 seen)
+    FP32_TOL = {"o": 3e-3, "ht": 3e-3, "grad": 3e-3, "dg": 3e-3, "dg_head_const": 6e-2}
 
 
 @pytest.mark.parametrize("gate,T,K,chunk,with_state", [
