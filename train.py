@@ -61,7 +61,7 @@ class Settings:
     window: int = 512  # keys seen by sliding-window attention (--mixer=swa)
     short_conv: bool = True  # the short causal conv on q, k, v, for every mixer alike
     # --- data ---
-    data_dir: str = ""  # "" = data/offline (stages 1-3, lm); sft: data/smoltalk when prepared, else data/chat_offline
+    data_dir: str = ""  # "" = data/modern (stages 1-3, lm); sft: data/smoltalk when prepared, else data/sharegpt
     block_size: int = 256  # tokens per sequence (the study: 512; its SFT: 1024)
     batch_size: int = 2  # sequences per micro-step, per GPU
     grad_accum: int = 1  # micro-steps per optimizer step
@@ -162,8 +162,8 @@ def resolve(s, tokens_per_step):
     stage = distill.STAGES[s.stage]
     if not s.data_dir:  # the repository's corpora, wherever the command runs from
         data = os.path.join(ROOT, "data")
-        chat = "smoltalk" if os.path.exists(os.path.join(data, "smoltalk", "train.bin")) else "chat_offline"
-        s.data_dir = os.path.relpath(os.path.join(data, chat if stage["data"] == "chat" else "offline"))
+        chat = "smoltalk" if os.path.exists(os.path.join(data, "smoltalk", "train.bin")) else "sharegpt"
+        s.data_dir = os.path.relpath(os.path.join(data, chat if stage["data"] == "chat" else "modern"))
     s.learning_rate = s.learning_rate or stage["lr"]
     s.schedule = s.schedule or stage["schedule"]
     if s.schedule not in ("wsd", "cosine"):

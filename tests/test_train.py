@@ -269,13 +269,13 @@ def test_bad_settings_stop_with_a_readable_message(setup, tmp_path, bad, says):
 
 
 def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeypatch):
-    (tmp_path / "data" / "offline").mkdir(parents=True)  # a checkout whose corpus is not built yet
-    (tmp_path / "data" / "offline" / "prepare.py").write_text("")
+    (tmp_path / "data" / "modern").mkdir(parents=True)  # a checkout whose corpus is not built yet
+    (tmp_path / "data" / "modern" / "prepare.py").write_text("")
     monkeypatch.setattr(train, "ROOT", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         train.main(args(setup, data_dir="", out_dir=tmp_path / "out"))
-    assert "python data/offline/prepare.py" in e.value.code
+    assert "python data/modern/prepare.py" in e.value.code
 
 
 def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path):
