@@ -1,27 +1,37 @@
 """
-Needle in a haystack: can the model find one fact hidden in a long text?
+Needle in a haystack, RULER's single-needle tasks: can the model find one fact hidden in a long text?
 
-    python niah.py                                      # offline teacher, CPU quick setting
+    python niah.py                                      # offline teacher, all three tasks, CPU quick setting
+    python niah.py --tasks=s_niah_1 --lengths=512       # the study's passkey alone (needs no corpus)
     python niah.py --init_from=out/gated_deltanet/stage3.pt --full     # GPU setting, up to 8k
     python niah.py --mixer=gla --lengths=512,1024       # untrained student (smoke test)
 
-A prompt of exactly `length` tokens holds filler text with one needle sentence at a chosen
-depth (0% = first sentence, 100% = last), then a question; the model answers greedily and the
-first word of its answer must equal the needle's value after normalization. Three needles, as
-in RULER's single-needle tasks: `passkey` (a 5-digit pass key), `kv` (a word key, a 7-digit
-value) and `uuid` (a word key, a UUID value). Prompts of one length run as a batch: a teacher
-prefills its KV cache, a student reads the haystack with the chunked form and answers from its
-recurrent state. Output: a table per length and depth, and results.json, results.csv and
-heatmap.png in --out_dir.
+The tasks are RULER's niah_single_1..3 (scripts/synthetic.yaml). The needle is "One of the
+special magic numbers for {key} is: {value}." with an adjective-noun key, as in RULER:
+    s_niah_1  noise haystack ("The grass is green. ... There and back again." line after line),
+              a 7-digit value. This is the passkey task the study reports by length.
+    s_niah_2  essay haystack, a 7-digit value
+    s_niah_3  essay haystack, a UUID value ("special magic uuids")
+RULER's essays are Paul Graham's; ours are held-out modern English text, data/modern/val.bin
+(python data/modern/prepare.py) or any file of that format given with --data, with every run of
+whitespace made one space, as RULER does with the essays.
 
-The filler is held-out text (data/offline/val.bin, a different window per prompt, so no
-repeats) or RULER's repeated "The grass is green..." noise (--filler=grass).
+A prompt of exactly `length` tokens is RULER's template in its single-needle wording: the
+instruction, the haystack with the needle at a chosen depth (0% = start, 100% = end: the nearest
+line break of the noise, the nearest sentence end of an essay; RULER draws the depth at random,
+we sweep it), the question, and the answer prefix, which opens the model's reply. The model
+answers greedily and is scored with RULER's niah metric, string match: an answer is right when
+it contains the value (case ignored). Prompts of one length run as a batch: a teacher prefills
+its KV cache, a student reads the haystack with the chunked form and answers from its recurrent
+state. Output: a table per task (depth by length), and in --out_dir results.json (settings,
+accuracy per cell, every prompt's prediction beside its value), results.csv (one row a prompt)
+and heatmap.png.
 
 References:
 1) Hsieh et al. 2024, RULER: What's the Real Context Size of Your Long-Context Language Models?
-   (niah_single tasks, their templates and the noise filler)
-2) Mohtashami & Jaggi 2023, Landmark Attention (the pass-key task)
-3) What Matters in Linearizing Language Models? arXiv 2504.14366 (passkey accuracy by length)
+   github.com/NVIDIA/RULER: scripts/synthetic.yaml (the tasks), scripts/data/synthetic/niah.py
+   and constants.py (needle, noise, template), scripts/eval/synthetic/constants.py (string match)
+2) What Matters in Linearizing Language Models? arXiv 2504.14366 (passkey accuracy by length)
 """
 
 import argparse
@@ -38,36 +48,39 @@ import torch
 
 import checkpoint
 
-GRASS = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-WORDS = ("apple ocean violin marble garden rocket silver thunder lantern meadow puzzle harbor "
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+# task: (haystack, value type, title); the value type names the needle in RULER's templates
+TASKS = {
+    "s_niah_1": ("noise", "number", "S-NIAH-1: noise haystack, 7-digit value (the study's passkey)"),
+    "s_niah_2": ("essay", "number", "S-NIAH-2: essay haystack, 7-digit value"),
+    "s_niah_3": ("essay", "uuid", "S-NIAH-3: essay haystack, UUID value"),
+}
+# RULER's single-needle wording: its template with "Some" -> "A", "are" -> "is", singular type
+NEEDLE = "One of the special magic {v}s for {key} is: {value}."
+INSTRUCTION = ("A special magic {v} is hidden within the following text. Make sure to memorize it. "
+               "I will quiz you about the {v} afterwards.\n")
+QUESTION = "\nWhat is the special magic {v} for {key} mentioned in the provided text?"
+ANSWER_PREFIX = " The special magic {v} for {key} mentioned in the provided text is"
+# keys: RULER pairs wonderwords' adjectives and nouns; a few of each do here
+ADJECTIVES = ("ancient brave calm damp eager fancy gentle hollow icy jolly keen lucky misty noble "
+              "odd proud quiet rapid shy tidy vast wild young zesty").split()
+NOUNS = ("apple ocean violin marble garden rocket silver thunder lantern meadow puzzle harbor "
          "falcon candle pepper glacier compass velvet orchard summit crystal jungle anchor bamboo "
          "cobalt dragon ember feather goblet hammock island jasmine kettle lemon mirror nectar "
          "oyster pebble quartz ribbon saddle tulip walnut zephyr").split()
-# needle sentence, question, answer prefix (RULER's niah_single templates; passkey as in Landmark)
-NEEDLES = {
-    "passkey": (" The pass key is {value}. Remember it. {value} is the pass key.",
-                "What is the pass key?", "The pass key is"),
-    "kv": (" One of the special magic numbers for {key} is: {value}.",
-           "What is the special magic number for {key} mentioned in the provided text?",
-           "The special magic number for {key} mentioned in the provided text is"),
-    "uuid": (" One of the special magic uuids for {key} is: {value}.",
-             "What is the special magic uuid for {key} mentioned in the provided text?",
-             "The special magic uuid for {key} mentioned in the provided text is"),
-}
-INSTRUCTION = ("Some special magic {what} are hidden within the following text. Make sure to memorize "
-               "it. I will quiz you about the {what} afterwards.\n")
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "modern", "val.bin")
+PREPARE = "python data/modern/prepare.py"
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    checkpoint.add_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype
+    checkpoint.add_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype, --backend
     p.add_argument("--full", action="store_true", help="GPU setting: lengths up to 8k, 30 prompts per cell")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, among {', '.join(TASKS)}")
     p.add_argument("--lengths", default=None, help="prompt lengths in tokens (default 512,1024,2048; --full adds 4096,8192)")
     p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
-    p.add_argument("--kinds", default="passkey,kv,uuid", help="needles, assigned to prompts in turn")
-    p.add_argument("--samples", type=int, default=None, help="prompts per (length, depth) cell (default 1; --full 30)")
-    p.add_argument("--filler", default="offline", choices=["offline", "grass"], help="held-out text or RULER's noise")
-    p.add_argument("--data", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "offline", "val.bin"))
+    p.add_argument("--samples", type=int, default=None, help="prompts per (task, length, depth) cell (default 1; --full 30)")
+    p.add_argument("--data", default=DATA, help=f"held-out text for the essay haystacks (uint16 tokens, documents ended by 0; {PREPARE})")
     p.add_argument("--plain", action="store_true", help="plain completion prompt instead of ChatML (base models)")
     p.add_argument("--batch_size", type=int, default=None, help="prompts per forward (default 4 on CPU, 16 on GPU)")
     p.add_argument("--out_dir", default=None, help="where results go (default out/niah/<model name>)")
@@ -79,11 +92,11 @@ def get_args(argv=None):
         a.depths = [float(x) for x in a.depths.split(",")]
     except ValueError as e:
         p.error(f"--lengths and --depths are comma-separated numbers: {e}")
-    a.kinds = a.kinds.split(",")
+    a.tasks = a.tasks.split(",")
     a.samples = a.samples or (30 if a.full else 1)
     a.batch_size = a.batch_size or (16 if a.device.startswith("cuda") else 4)
-    if set(a.kinds) - set(NEEDLES) or not all(0 <= d <= 100 for d in a.depths) or min(a.lengths) < 128:
-        p.error(f"kinds must be among {list(NEEDLES)}, depths in 0..100, lengths >= 128")
+    if set(a.tasks) - set(TASKS) or not all(0 <= d <= 100 for d in a.depths) or min(a.lengths) < 128:
+        p.error(f"--tasks must be among {', '.join(TASKS)}, depths in 0..100, lengths >= 128")
     return a
 
 
@@ -91,82 +104,85 @@ def get_args(argv=None):
 # Building prompts: token ids, so that every prompt has exactly the requested length
 
 
-def make_needle(kind, rng):
-    """(kind, key, value) with a random key word and value."""
-    key = rng.choice(WORDS)
-    if kind == "passkey":
-        value = str(rng.randint(10000, 99999))
-    elif kind == "kv":
-        value = str(rng.randint(1000000, 9999999))
-    else:
-        value = str(uuid.UUID(int=rng.getrandbits(128), version=4))
-    return kind, key, value
+def make_needle(task, rng):
+    """(key, value): an adjective-noun key and a 7-digit number or a UUID, as RULER draws them."""
+    key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+    if TASKS[task][1] == "number":
+        return key, str(rng.randint(10 ** 6, 10 ** 7 - 1))
+    return key, str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
 class Haystack:
-    """Filler token ids of any length, and where sentences end in them (needles go there)."""
+    """Filler token ids of any length, and the places in them where a needle may go. RULER's
+    noise repeats one line and takes the needle as a line of its own (lines=True); an essay takes
+    it after a sentence end."""
 
-    def __init__(self, tok, filler="offline", data=None):
-        if filler == "offline" and data and os.path.exists(data):
-            ids = np.memmap(data, dtype=np.uint16, mode="r")
-            self.ids = np.asarray(ids[ids != tok.eot_id], dtype=np.int64)  # documents run together
-        else:
-            if filler == "offline":
-                print(f"{data} not found (python data/offline/prepare.py); using the grass filler", file=sys.stderr)
-            self.ids = np.asarray(tok.encode(GRASS * 200), dtype=np.int64)
-        # ends[id]: the token's text ends a sentence or a line, so a needle may follow it
+    def __init__(self, tok, ids, lines=False):
+        self.ids, self.lines = np.asarray(ids, dtype=np.int64), lines
+        self.sep = "\n" if lines else " "  # what joins the needle to the text before it
+        self.newline = tok.encode("\n")[0]
+        # ends[id]: the token's text ends a sentence or a line
         texts = [tok.decode([i]) for i in range(tok.n_vocab)]
         self.ends = np.array([t.rstrip(" ").endswith((".", "!", "?", "\n")) for t in texts])
 
+    @classmethod
+    def noise(cls, tok):
+        return cls(tok, tok.encode("\n" + NOISE), lines=True)  # one line; sample() repeats it
+
+    @classmethod
+    def essays(cls, tok, path):
+        """Held-out documents with every whitespace run made one space and run together, as RULER
+        does with its essays (re.sub(r"\s+", " ", essay)): prose on one line, code and tables too."""
+        ids = np.fromfile(path, dtype=np.uint16)
+        docs = np.split(ids, np.nonzero(ids == tok.eot_id)[0] + 1)  # each ends with its 0
+        texts = (" ".join(tok.decode(d[d != tok.eot_id].tolist()).split()) for d in docs)
+        return cls(tok, tok.encode(" ".join(t for t in texts if t)))
+
     def sample(self, n, rng):
-        """n filler ids from a random window that ends at a sentence end (the offline text is
-        long enough not to repeat; the grass filler repeats itself to any length)."""
-        reps = -(-2 * n // len(self.ids)) + 1
-        ids = np.tile(self.ids, reps) if reps > 1 else self.ids
-        stops = np.nonzero(self.ends[ids[n - 1:]])[0] + n  # window ends e >= n after an end token
+        """n filler ids. The noise: its last n tokens, so that it ends on a full line. An essay: a
+        random window that ends at a sentence end (the text repeats only if shorter than 2n)."""
+        if self.lines:
+            return np.tile(self.ids, n // len(self.ids) + 1)[-n:]
+        ids = self.ids if len(self.ids) >= 2 * n else np.tile(self.ids, -(-2 * n // len(self.ids)))
+        stops = np.nonzero(self.ends[ids[n - 1:]])[0] + n  # window ends e >= n right after an end token
         stop = int(stops[rng.randrange(len(stops))]) if len(stops) else len(ids)
         return ids[stop - n:stop]
 
     def insert_at(self, hay, depth):
-        """Index in hay where the needle goes: the sentence end nearest to depth% of it."""
+        """Index in hay where the needle goes: the place nearest to depth% of it, before a line
+        break of the noise or after a sentence end of an essay."""
         target = round(depth / 100 * len(hay))
-        cands = np.concatenate([[0], np.nonzero(self.ends[hay[:-1]])[0] + 1, [len(hay)]])  # after an end
+        if self.lines:
+            cands = np.append(np.nonzero(hay == self.newline)[0], len(hay))
+        else:
+            cands = np.concatenate([[0], np.nonzero(self.ends[hay[:-1]])[0] + 1, [len(hay)]])
         return int(cands[np.abs(cands - target).argmin()])
 
 
-def build_prompt(tok, hay, needle, length, depth, rng, chat=True):
-    """Prompt ids of exactly `length` tokens, the needle's position in them, and the answer."""
-    kind, key, value = needle
-    text, question, prefix = (s.format(key=key, value=value) for s in NEEDLES[kind])
-    what = {"passkey": "pass key", "kv": "numbers", "uuid": "uuids"}[kind]
-    head, tail = INSTRUCTION.format(what=what), "\n" + question
-    if chat:  # ChatML; the answer prefix opens the assistant's reply, as RULER does
+def build_prompt(tok, hay, task, needle, length, depth, rng, chat=True):
+    """Prompt ids of exactly `length` tokens and the index where the needle's ids start in them."""
+    (key, value), v = needle, TASKS[task][1]
+    head, question = INSTRUCTION.format(v=v), QUESTION.format(v=v, key=key)
+    prefix = ANSWER_PREFIX.format(v=v, key=key)
+    if chat:  # ChatML; the answer prefix opens the assistant's reply, as RULER's chat templates do
         ids, _ = tok.encode_chat([{"role": "user", "content": ""}], add_generation_prompt=True)
         j = len(ids) - 1 - ids[::-1].index(tok.im_end_id)  # the <|im_end|> closing the user turn
-        pre, post = ids[:j] + tok.encode(head), tok.encode(tail) + ids[j:] + tok.encode(prefix)
-    else:
-        pre, post = tok.encode(head), tok.encode(tail + "\n" + prefix)
-    needle_ids = tok.encode(text)
+        pre, post = ids[:j] + tok.encode(head), tok.encode(question) + ids[j:] + tok.encode(prefix.lstrip())
+    else:  # RULER's base template: the answer prefix follows the question
+        pre, post = tok.encode(head), tok.encode(question + prefix)
+    needle_ids = tok.encode(hay.sep + NEEDLE.format(v=v, key=key, value=value))
     n_hay = length - len(pre) - len(post) - len(needle_ids)
     if n_hay < 1:
         raise ValueError(f"length {length} is too short for the prompt template ({length - n_hay} tokens)")
     filler = hay.sample(n_hay, rng)
     at = hay.insert_at(filler, depth)
     ids = pre + filler[:at].tolist() + needle_ids + filler[at:].tolist() + post
-    return ids, len(pre) + at, value
+    return ids, len(pre) + at
 
 
-def normalize(text):
-    """The first word of an answer, without case, markup or surrounding punctuation."""
-    for word in text.strip().split():
-        word = word.strip(".,;:!?\"'`*()[]{}<>").lower()
-        if word:
-            return word
-    return ""
-
-
-def exact_match(prediction, value):
-    return normalize(prediction) == normalize(value)
+def string_match(prediction, value):
+    """RULER's niah score (string_match_all, one value): the value occurs in the answer."""
+    return value.lower() in prediction.strip().lower()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,28 +211,33 @@ def model_answerer(net, tok, device):
     return answer
 
 
-def run(answer, tok, hay, lengths, depths, kinds, samples, batch_size=4, chat=True, seed=1337, log=sys.stderr):
-    """Every (length, depth, sample) prompt through answer(); a list of result dicts."""
+def run(answer, tok, haystacks, tasks, lengths, depths, samples, batch_size=4, chat=True, seed=1337, log=sys.stderr):
+    """Every (task, length, depth, sample) prompt through answer(); a list of result dicts.
+    haystacks: {"noise": Haystack, "essay": Haystack}, the ones the tasks use."""
     rng, records, t0 = random.Random(seed), [], time.time()
-    total, done = len(lengths) * len(depths) * samples, 0
+    per_length = len(tasks) * len(depths) * samples
+    total = per_length * len(lengths)
     # the ETA counts prompt tokens, not prompts: a 4k prompt costs 8 times a 512 one (or more)
-    work, work_done = sum(lengths) * len(depths) * samples, 0
-    for length in lengths:
-        cells = [(d, s) for d in depths for s in range(samples)]
+    work, work_done = sum(lengths) * per_length, 0
+    for length in lengths:  # prompts of one length batch together, whatever their task
         jobs = []
-        for i, (depth, s) in enumerate(cells):  # needle kinds in turn, so any count covers them all
-            needle = make_needle(kinds[(len(records) + i) % len(kinds)], rng)
-            ids, pos, value = build_prompt(tok, hay, needle, length, depth, rng, chat)
-            jobs.append(dict(length=length, depth=depth, kind=needle[0], value=value, needle_pos=pos, ids=ids))
+        for task in tasks:
+            for depth in depths:
+                for _ in range(samples):
+                    needle = make_needle(task, rng)
+                    ids, pos = build_prompt(tok, haystacks[TASKS[task][0]], task, needle, length, depth, rng, chat)
+                    jobs.append(dict(task=task, length=length, depth=depth, needle_pos=pos, value=needle[1], ids=ids))
         for b in range(0, len(jobs), batch_size):
             batch = jobs[b:b + batch_size]
-            max_new = max(len(tok.encode(" " + j["value"])) for j in batch) + 3  # room for markup
+            # the value follows the answer prefix; 8 tokens of room for ":", "**" and the like
+            # (RULER generates 128 tokens; a value further on would still count, but rarely comes)
+            max_new = max(len(tok.encode(" " + j["value"])) for j in batch) + 8
             for j, pred in zip(batch, answer([j["ids"] for j in batch], max_new)):
                 j.pop("ids")
-                records.append(dict(j, prediction=pred, correct=exact_match(pred, j["value"])))
-            done, work_done = done + len(batch), work_done + length * len(batch)
+                records.append(dict(j, prediction=pred, correct=string_match(pred, j["value"])))
+            work_done += length * len(batch)
             rate = (time.time() - t0) / work_done
-            print(f"\rniah: {done}/{total} prompts, length {length}, {time.time() - t0:.0f}s, "
+            print(f"\rniah: {len(records)}/{total} prompts, length {length}, {time.time() - t0:.0f}s, "
                   f"~{rate * (work - work_done):.0f}s left", end="", file=log, flush=True)
     print(file=log)
     return records
@@ -227,73 +248,82 @@ def run(answer, tok, hay, lengths, depths, kinds, samples, batch_size=4, chat=Tr
 
 
 def summarize(records):
-    """{(length, depth or 'all', kind or 'all'): accuracy}."""
+    """{(task, length, depth or 'all'): accuracy}."""
     groups = {}
     for r in records:
         for d in (r["depth"], "all"):
-            for k in (r["kind"], "all"):
-                groups.setdefault((r["length"], d, k), []).append(r["correct"])
+            groups.setdefault((r["task"], r["length"], d), []).append(r["correct"])
     return {key: sum(v) / len(v) for key, v in groups.items()}
 
 
-def table(acc, lengths, depths, kinds):
-    """Accuracy (%) with depths as rows and lengths as columns, then one row per needle kind."""
-    rows = [f"| depth \\ length | " + " | ".join(str(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+def table(acc, task, lengths, depths):
+    """One task's accuracy (%) with depths as rows and lengths as columns."""
+    rows = ["| depth \\ length | " + " | ".join(str(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
     for d in list(depths) + ["all"]:
         label = "all depths" if d == "all" else f"{d:g}%"
-        rows.append(f"| {label} | " + " | ".join(f"{100 * acc[(n, d, 'all')]:.1f}" for n in lengths) + " |")
-    for k in kinds:
-        rows.append(f"| {k} | " + " | ".join(f"{100 * acc[(n, 'all', k)]:.1f}" if (n, "all", k) in acc else "-" for n in lengths) + " |")
+        rows.append(f"| {label} | " + " | ".join(f"{100 * acc[(task, n, d)]:.1f}" for n in lengths) + " |")
     return "\n".join(rows)
 
 
-def heatmap(acc, lengths, depths, path, title):
+def heatmap(acc, tasks, lengths, depths, path, title):
+    """One panel per task: depth by length, accuracy in %."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    grid = np.array([[100 * acc[(n, d, "all")] for n in lengths] for d in depths])  # (depths, lengths)
-    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2.5, 0.6 * len(depths) + 1.8))
-    im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
-    for (i, j), v in np.ndenumerate(grid):
-        ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=9)
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("needle depth")
-    ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=ax, label="exact match (%)")
-    fig.tight_layout()
+    w, h = 0.9 * len(lengths) + 1.4, 0.6 * len(depths) + 2.2  # one panel
+    fig, axes = plt.subplots(1, len(tasks), figsize=(w * len(tasks) + 1.5, h), squeeze=False, sharey=True,
+                             layout="constrained")
+    for ax, task in zip(axes[0], tasks):
+        grid = np.array([[100 * acc[(task, n, d)] for n in lengths] for d in depths])  # (depths, lengths)
+        im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=9)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
+        ax.set_xlabel("context length (tokens)")
+        name, what = TASKS[task][2].split(": ")
+        ax.set_title(name + "\n" + what.replace(" (", "\n("), fontsize=9)
+    axes[0][0].set_ylabel("needle depth")
+    fig.colorbar(im, ax=axes[0].tolist(), label="string match (%)")
+    fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def main(argv=None):
     args = get_args(argv)
+    if any(TASKS[t][0] == "essay" for t in args.tasks) and not os.path.exists(args.data):
+        sys.exit(f"error: {args.data} not found: build it with {PREPARE} (or run --tasks=s_niah_1)")
     torch.manual_seed(args.seed)
     net, tok = checkpoint.load_from_args(args)
     name = args.mixer or os.path.splitext(os.path.basename(args.init_from.rstrip("/")))[0]
     out_dir = args.out_dir or os.path.join("out", "niah", name)
-    hay = Haystack(tok, args.filler, args.data)
-    print(f"{net.config.mixer} model ({name}), lengths {args.lengths}, depths {args.depths}, "
+    kinds = {TASKS[t][0] for t in args.tasks}
+    haystacks = {k: Haystack.noise(tok) if k == "noise" else Haystack.essays(tok, args.data) for k in kinds}
+    print(f"{net.config.mixer} model ({name}), tasks {args.tasks}, lengths {args.lengths}, depths {args.depths}, "
           f"{args.samples} prompt(s) per cell, {args.device} {args.dtype}", file=sys.stderr)
     t0 = time.time()
-    records = run(model_answerer(net, tok, args.device), tok, hay, args.lengths, args.depths, args.kinds,
+    records = run(model_answerer(net, tok, args.device), tok, haystacks, args.tasks, args.lengths, args.depths,
                   args.samples, args.batch_size, not args.plain, args.seed)
     seconds = time.time() - t0
     acc = summarize(records)
-    print(f"\nneedle-in-a-haystack exact match (%), {name}, {len(records)} prompts in {seconds:.0f}s\n")
-    print(table(acc, args.lengths, args.depths, args.kinds))
+    print(f"\nneedle in a haystack (RULER single needle), {name}: string match (%), "
+          f"{len(records)} prompts in {seconds:.0f}s")
+    for task in args.tasks:
+        print(f"\n{TASKS[task][2]}\n\n{table(acc, task, args.lengths, args.depths)}")
     os.makedirs(out_dir, exist_ok=True)
+    cells = [dict(task=t, length=n, depth=d, accuracy=a) for (t, n, d), a in acc.items()]
     with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"settings": vars(args), "seconds": seconds, "records": records}, f, indent=1)
+        json.dump({"settings": vars(args), "seconds": seconds, "accuracy": cells, "records": records}, f, indent=1)
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["length", "depth", "kind", "accuracy"])
-        for (n, d, k), a in sorted(acc.items(), key=str):
-            w.writerow([n, d, k, f"{a:.4f}"])
-    heatmap(acc, args.lengths, args.depths, os.path.join(out_dir, "heatmap.png"), f"needle in a haystack: {name}")
+        cols = ["task", "length", "depth", "needle_pos", "value", "prediction", "correct"]
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows(records)
+    heatmap(acc, args.tasks, args.lengths, args.depths, os.path.join(out_dir, "heatmap.png"),
+            f"needle in a haystack: {name}")
     print(f"\nwrote {out_dir}/results.json, results.csv, heatmap.png")
     return acc
 

@@ -212,20 +212,22 @@ def encode_stream(texts, tok, batch_size=256):
         yield from zip(batch, tok.encode_batch(batch))
 
 
-def write_chats(out_dir, options, chats, tok, val_fraction, max_tokens=None, name="chat"):
+def write_chats(out_dir, options, chats, tok, val_fraction, max_tokens=None, name="chat", keys=None):
     """Tokenize conversations ([{"role", "content"}, ...] each) as ChatML, with loss masks.
 
     tok.encode_chat gives the ids and the mask (1 on assistant content and its <|im_end|>);
-    a conversation without an assistant message teaches nothing and is skipped.
+    a conversation without an assistant message teaches nothing and is skipped. The split
+    follows each conversation's content, or its entry in `keys` (str) when given.
     """
     progress, skipped = Progress(name, max_tokens), 0
+    keys = iter(keys) if keys is not None else None
     with BinWriter(out_dir, options, masks=True) as w:
         for messages in chats:
+            key = next(keys) if keys is not None else json.dumps(messages, sort_keys=True, ensure_ascii=False)
             if not any(m["role"] == "assistant" for m in messages):
                 skipped += 1
                 continue
             ids, mask = tok.encode_chat(messages)
-            key = json.dumps(messages, sort_keys=True, ensure_ascii=False)
             split = "val" if is_val(key, val_fraction) else "train"
             progress.update(1, w.add(split, ids, mask))
             if max_tokens and progress.tokens >= max_tokens:

@@ -18,7 +18,7 @@
 # (e.g. --compile=true; --profile=10, with 'random' only, since a profiled run writes no
 # checkpoint for the next stage; or a smaller model or data for a dry run on a CPU).
 # Every run's log goes to $OUT/<row>.log and its last step and eval lines to $OUT/results.md as
-# soon as it finishes. Needs data/offline/*.bin (python data/offline/prepare.py).
+# soon as it finishes. Needs data/modern/*.bin (python data/modern/prepare.py), or --data_dir in EXTRA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TEACHER=${1:-default}

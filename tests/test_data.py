@@ -324,3 +324,14 @@ def test_modern_corpus_dedupes_and_splits_by_document(tmp_path, tok, monkeypatch
         assert tok.im_start_id in np.fromfile(out / f"{side}.bin", dtype=np.uint16)
     with pytest.raises(SystemExit):
         modern.main([f"--out_dir={out}", "--sources=linux_doc,nonsense"])
+
+
+def test_chats_split_by_key_keep_one_conversation_on_one_side(tmp_path, tok):
+    # ShareGPT's parts of one conversation (ids "x_0", "x_1") share the key "x": same side
+    chats = [[{"role": "user", "content": f"part {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+             for i in range(40)]
+    keys = [f"conv{i // 2}" for i in range(40)]
+    common.write_chats(str(tmp_path), {}, chats, tok, 0.5, keys=keys)
+    val = tok.decode(np.fromfile(tmp_path / "val.bin", dtype=np.uint16))
+    for i in range(0, 40, 2):
+        assert (f"part {i}<" in val) == (f"part {i + 1}<" in val) == common.is_val(keys[i], 0.5)

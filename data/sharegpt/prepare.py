@@ -107,14 +107,9 @@ def main(argv=None):
     options = {"source": SOURCE[1], "val_fraction": args.val_fraction, "tokenizer": args.tokenizer}
     if not args.force and common.already_prepared(args.out_dir, options):
         return
-    convs = conversations(args.cache)
+    keys, chats = zip(*conversations(args.cache))
     tok = common.load_tokenizer(args.tokenizer)
-    progress = common.Progress("sharegpt", None)
-    with common.BinWriter(args.out_dir, options, masks=True) as w:
-        for key, msgs in convs:
-            ids, mask = tok.encode_chat(msgs)
-            progress.update(1, w.add("val" if common.is_val(key, args.val_fraction) else "train", ids, mask))
-        progress.close()
+    common.write_chats(args.out_dir, options, chats, tok, args.val_fraction, name="sharegpt", keys=keys)
 
 
 if __name__ == "__main__":
