@@ -1,28 +1,47 @@
 """
-Language-modelling evaluation of the teacher or a student: perplexity and KL to the teacher
-on held-out text, zero-shot multiple-choice accuracy, and teacher recovery.
+Language-modelling evaluation of the teacher or a student: perplexity and KL to the teacher on
+held-out text, the study's zero-shot tasks with 95% confidence intervals, and teacher recovery.
 
-    python evaluate.py                                         # the offline teacher
+    python evaluate.py                                             # the offline teacher
     python evaluate.py --init_from=out/gated_deltanet/stage3.pt    # a student, against the teacher
-    python evaluate.py --mixer=gla --mc_limit=50               # an untrained student (smoke test)
-    python evaluate.py --mc_source=hub --mc_limit=0            # the study's tasks from the hub, all
+    python evaluate.py --mixer=gla --mc_limit=50                   # an untrained student (smoke test)
+    python evaluate.py --mc_source=hub --mc_limit=0                # the same tasks from the hub, all
 
-Perplexity: exp of the mean next-token cross-entropy over windows of --seq_len tokens of
---data (default data/offline/val.bin). KL: mean over predicted positions of
+Held-out text: perplexity = exp of the mean next-token cross-entropy over windows of --seq_len
+tokens of --data (default data/offline/val.bin). KL: mean over predicted positions of
 KL(teacher || student) = sum_v p_teacher(v) (log p_teacher(v) - log p_student(v)), in nats.
-Multiple choice: every answer choice is a (context, continuation) pair, scored by the sum of
-log p(continuation tokens | context). `acc` picks the highest sum; `acc_norm` the highest sum
-per UTF-8 byte of the continuation text (lm-evaluation-harness's acc_norm), which removes the
-bias towards short answers. LAMBADA (hub only) counts a hit when greedy decoding reproduces the
-last word. Recovery = student score / teacher score, per task (the study's measure).
-Offline tasks come from data/mc_offline/ (python data/mc_offline/prepare.py).
+
+Tasks: the study's LAMBADA, ARC-Easy, ARC-Challenge, PIQA, HellaSwag and WinoGrande, zero-shot,
+and MMLU as an extra, prompted and scored as lm-evaluation-harness does (data/mc_offline/prepare.py
+says which split of each and how it is rendered). Every answer choice is a (context,
+continuation) pair scored by ll = sum of log p(continuation tokens | context).
+  acc       the choice with the highest ll is the gold one
+  acc_norm  the same with ll / len(choice): the choice's length in characters, without the
+            space that joins it to the context (the harness's acc_norm); removes the bias
+            towards short answers
+  LAMBADA   acc: greedy decoding reproduces every token of the last word; perplexity: exp of
+            the mean over passages of -ll(last word) (the harness's lambada `perplexity`)
+  MMLU      acc over all its questions (the harness's group: a micro average over subjects)
+One rule picks each task's score, in the table and in Avg: acc_norm for ARC-Challenge and
+HellaSwag, acc for every other task (as in the zero-shot tables of Mamba, arXiv 2312.00752,
+which later linearization papers follow). Avg is the mean score of the study's
+six tasks; MMLU is shown beside it, not in it. Recovery = student score / teacher score, per
+task and for Avg (the ratio of the two Avgs).
+95% intervals: Wilson's score interval for a task's accuracy; for Avg a percentile bootstrap
+over questions (1,000 resamples, seed 0, each task resampled on its own); for recovery the same
+bootstrap with teacher and student resampled together, question by question (paired), so that
+what the two models share does not count as noise. LAMBADA's perplexity has no interval.
+--mc_limit keeps an evenly spaced subset of every task, the same questions for both models.
 
 References: What Matters in Linearizing Language Models? arXiv 2504.14366 (tasks, recovery);
-EleutherAI lm-evaluation-harness (acc, acc_norm, LAMBADA); AI2's OLMo in-loop evaluation (data).
+EleutherAI lm-evaluation-harness (prompts, acc, acc_norm, LAMBADA); AI2's OLMo in-loop evaluation
+(data); E. B. Wilson, JASA 22 (1927) (interval); Efron & Tibshirani, An Introduction to the
+Bootstrap (1993).
 """
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -31,9 +50,16 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
+from data.mc_offline import prepare as mc
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-TASKS = "arc_easy,arc_challenge,piqa,hellaswag,winogrande"  # + lambada with --mc_source=hub
+STUDY = {"lambada": "acc", "arc_easy": "acc", "arc_challenge": "acc_norm", "piqa": "acc",
+         "hellaswag": "acc_norm", "winogrande": "acc"}  # the study's tasks and the score of each
+TASKS = ",".join([*STUDY, "mmlu"])
+NAMES = {"lambada": "LAMBADA", "arc_easy": "ARC-E", "arc_challenge": "ARC-C", "piqa": "PIQA",
+         "hellaswag": "HellaSwag", "winogrande": "WinoGrande", "mmlu": "MMLU"}
+Z95 = 1.959964  # the standard normal's 97.5% quantile
+BOOT, SEED = 1000, 0  # bootstrap resamples and their seed
 
 
 def get_args(argv=None):
@@ -41,16 +67,23 @@ def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     checkpoint.add_args(p)  # the model to evaluate: --init_from, --tokenizer, --mixer, --device, --dtype, --backend
     p.add_argument("--teacher", default="default", help="reference for KL and recovery when the model is a student; 'none' skips")
-    p.add_argument("--data", default=os.path.join(ROOT, "data", "offline", "val.bin"), help="uint16 token file")
+    p.add_argument("--data", default=os.path.join(ROOT, "data", "modern", "val.bin"), help="uint16 token file")
     p.add_argument("--seq_len", type=int, default=512, help="window length for perplexity (the study trains at 512)")
     p.add_argument("--max_windows", type=int, default=256 if cuda else 16, help="windows of --data, evenly spaced")
     p.add_argument("--tasks", default=TASKS, help="comma-separated; empty for none")
     p.add_argument("--mc_source", default="offline", choices=["offline", "hub"], help="data/mc_offline/ or `datasets`")
     p.add_argument("--mc_dir", default=os.path.join(ROOT, "data", "mc_offline"), help="offline task files")
-    p.add_argument("--mc_limit", type=int, default=0 if cuda else 50, help="questions per task (0 = all)")
+    p.add_argument("--mc_limit", type=int, default=0 if cuda else 50, help="questions per task, evenly spaced (0 = all)")
     p.add_argument("--batch_size", type=int, default=32 if cuda else 4)
     p.add_argument("--out", default=None, help="write the results here as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.task_list = [t for t in args.tasks.split(",") if t]
+    if args.mc_limit < 0:
+        p.error(f"--mc_limit={args.mc_limit}: give a number of questions, or 0 for all")
+    unknown = [t for t in args.task_list if t not in NAMES]
+    if args.mc_source == "hub" and unknown:
+        p.error(f"--tasks: {', '.join(unknown)} not on the hub path; known: {TASKS}")
+    return args
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,53 +113,88 @@ def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Multiple choice
+# Zero-shot tasks
 
 
 @torch.no_grad()
 def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048):
     """[(context, continuation)] -> [(sum log p(continuation | context), greedy)], where greedy
-    says whether argmax decoding would have produced the continuation exactly."""
+    says whether argmax decoding would have produced the continuation exactly. Requests whose
+    forward inputs agree (all their tokens but the last, as MMLU's " A" .. " D") share one row."""
     device = next(net.parameters()).device
-    enc = []
-    for ctx, cont in requests:
+    enc, rows = [], {}
+    for i, (ctx, cont) in enumerate(requests):
         c, x = tok.encode(ctx) or [tok.eot_id], tok.encode(cont)  # an empty context starts at <|endoftext|>
-        enc.append(((c + x)[-max_len - 1:], len(x)))
-    order = sorted(range(len(enc)), key=lambda i: -len(enc[i][0]))  # similar lengths share a batch
+        ids = (c + x)[-max_len - 1:]
+        enc.append((ids, len(x)))
+        rows.setdefault(tuple(ids[:-1]), []).append(i)  # the input; the last token is only a target
+    inputs = sorted(rows, key=len, reverse=True)  # similar lengths share a batch
     out = [None] * len(enc)
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        T = max(len(enc[i][0]) for i in idx) - 1
-        x = torch.zeros(len(idx), T + 1, dtype=torch.long)
-        for r, i in enumerate(idx):  # right padding: a causal model never looks at it
-            x[r, :len(enc[i][0])] = torch.tensor(enc[i][0])
-        x = x.to(device)
-        logp = F.log_softmax(net(x[:, :-1]).float(), -1)  # (B, T, V)
-        for r, i in enumerate(idx):
-            ids, n = enc[i]
-            pos = torch.arange(len(ids) - 1 - n, len(ids) - 1, device=device)  # positions predicting the continuation
-            target = x[r, pos + 1]
-            lp = logp[r, pos].gather(-1, target[:, None]).sum().item()
-            out[i] = (lp, bool((logp[r, pos].argmax(-1) == target).all()))
+    for b in range(0, len(inputs), batch_size):
+        batch = inputs[b:b + batch_size]
+        x = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
+        for r, inp in enumerate(batch):  # right padding: a causal model never looks at it
+            x[r, :len(inp)] = torch.tensor(inp)
+        logp = F.log_softmax(net(x.to(device)).float(), -1)  # (B, T, V)
+        for r, inp in enumerate(batch):
+            for i in rows[inp]:
+                ids, n = enc[i]
+                pos = torch.arange(len(ids) - 1 - n, len(ids) - 1, device=device)  # positions predicting the continuation
+                target = torch.tensor(ids[len(ids) - n:], device=device)
+                lp = logp[r, pos].gather(-1, target[:, None]).sum().item()
+                out[i] = (lp, bool((logp[r, pos].argmax(-1) == target).all()))
     return out
 
 
+def wilson(k, n, z=Z95):
+    """Wilson's score interval (lo, hi) for k successes in n trials."""
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p, d = k / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z / d * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def scored(hits):
+    """{'score', 'ci', 'hits'} of a list of 0/1 per question; hits is kept as a string '0110...'."""
+    k, n = sum(hits), len(hits)
+    return {"score": k / n, "ci": wilson(k, n), "hits": "".join(map(str, hits))}
+
+
+def choice_len(cont):
+    """The harness's acc_norm length: characters of the choice, without the joining space."""
+    return max(1, len(cont) - cont.startswith(" "))
+
+
 def mc_accuracy(net, tok, questions, batch_size=4):
-    """{'acc', 'acc_norm', 'n'} for questions [{'requests': [(context, continuation)], 'gold'}]."""
+    """{'n', 'acc', 'acc_norm'} for questions [{'requests': [(context, continuation)], 'gold'}];
+    acc and acc_norm are {'score', 'ci', 'hits'} (see scored)."""
     flat = [tuple(r) for q in questions for r in q["requests"]]
     scores = iter(loglikelihoods(net, tok, flat, batch_size))
-    acc = acc_norm = greedy = 0
+    acc, acc_norm = [], []
     for q in questions:
-        got = [next(scores) for _ in q["requests"]]
-        lp = [s for s, _ in got]
-        per_byte = [s / max(1, len(cont.encode("utf-8"))) for s, (_, cont) in zip(lp, q["requests"])]
-        acc += int(np.argmax(lp)) == q["gold"]
-        acc_norm += int(np.argmax(per_byte)) == q["gold"]
-        greedy += got[q["gold"]][1]
-    n = len(questions)
-    if all(len(q["requests"]) == 1 for q in questions):  # LAMBADA: one continuation, greedy hit
-        return {"acc": greedy / n, "acc_norm": greedy / n, "n": n}
-    return {"acc": acc / n, "acc_norm": acc_norm / n, "n": n}
+        lp = [next(scores)[0] for _ in q["requests"]]
+        norm = [s / choice_len(cont) for s, (_, cont) in zip(lp, q["requests"])]
+        acc.append(int(np.argmax(lp) == q["gold"]))
+        acc_norm.append(int(np.argmax(norm) == q["gold"]))
+    return {"n": len(questions), "acc": scored(acc), "acc_norm": scored(acc_norm)}
+
+
+def cloze(net, tok, docs, batch_size=4):
+    """LAMBADA: {'n', 'acc', 'ppl'} for docs [{'context', 'continuation'}]: acc counts greedy
+    hits; ppl = exp(mean over docs of -log p(continuation | context))."""
+    got = loglikelihoods(net, tok, [(d["context"], d["continuation"]) for d in docs], batch_size)
+    return {"n": len(docs), "acc": scored([int(g) for _, g in got]),
+            "ppl": float(np.exp(-np.mean([lp for lp, _ in got])))}
+
+
+def subset(items, limit):
+    """`limit` evenly spaced items (all when limit is 0 or not smaller): a fixed subset that
+    spans the file (MMLU's subjects come one after another)."""
+    if not limit or limit >= len(items):
+        return items
+    return [items[i * len(items) // limit] for i in range(limit)]
 
 
 def load_offline(task, folder):
@@ -137,41 +205,104 @@ def load_offline(task, folder):
         return [json.loads(line) for line in f]
 
 
-def _hellaswag_clean(text):  # the harness's preprocessing of WikiHow artefacts
-    import re
+def _arc(d):
+    return mc.arc(d["question"], d["choices"]["text"], d["choices"]["label"].index(d["answerKey"]))
 
-    return re.sub(r"\[.*?\]", "", text.strip().replace(" [title]", ". ")).replace("  ", " ")
+
+HUB = {  # task: (dataset, config, split, row -> question), what the harness loads; rendered as offline
+    "lambada": ("EleutherAI/lambada_openai", "default", "test", lambda d: mc.lambada(d["text"])),
+    "arc_easy": ("allenai/ai2_arc", "ARC-Easy", "test", _arc),
+    "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge", "test", _arc),
+    "piqa": ("baber/piqa", None, "validation", mc.piqa),  # a script-free copy of ybisk/piqa, as the harness uses
+    "hellaswag": ("Rowan/hellaswag", None, "validation", mc.hellaswag),
+    "winogrande": ("allenai/winogrande", "winogrande_xl", "validation", mc.winogrande),
+    "mmlu": ("hails/mmlu_no_train", "all", "test", mc.mmlu),
+}
 
 
 def load_hub(task):
-    """The study's tasks through `datasets` (needs the hub), in the offline format."""
+    """A task through `datasets` (needs the hub), in the offline format."""
     from datasets import load_dataset
 
-    q = []
-    if task in ("arc_easy", "arc_challenge"):
-        for d in load_dataset("allenai/ai2_arc", "ARC-Easy" if task == "arc_easy" else "ARC-Challenge", split="test"):
-            ctx = f"Question: {d['question']}\nAnswer:"
-            q.append({"requests": [(ctx, " " + c) for c in d["choices"]["text"]], "gold": d["choices"]["label"].index(d["answerKey"])})
-    elif task == "piqa":  # a script-free copy of ybisk/piqa, as the harness uses
-        for d in load_dataset("baber/piqa", split="validation"):
-            ctx = f"Question: {d['goal']}\nAnswer:"
-            q.append({"requests": [(ctx, " " + d["sol1"]), (ctx, " " + d["sol2"])], "gold": int(d["label"])})
-    elif task == "hellaswag":
-        for d in load_dataset("Rowan/hellaswag", split="validation"):
-            ctx = _hellaswag_clean(d["activity_label"] + ": " + d["ctx_a"] + " " + d["ctx_b"].capitalize())
-            q.append({"requests": [(ctx, " " + _hellaswag_clean(e)) for e in d["endings"]], "gold": int(d["label"])})
-    elif task == "winogrande":  # partial scoring: each option in the context, the rest scored
-        for d in load_dataset("allenai/winogrande", "winogrande_xl", split="validation"):
-            i = d["sentence"].index("_")
-            rest = " " + d["sentence"][i + 1:].strip()
-            q.append({"requests": [(d["sentence"][:i] + d[o], rest) for o in ("option1", "option2")], "gold": int(d["answer"]) - 1})
-    elif task == "lambada":
-        for d in load_dataset("EleutherAI/lambada_openai", "default", split="test"):
-            ctx, word = d["text"].rsplit(" ", 1)
-            q.append({"requests": [(ctx, " " + word)], "gold": 0})
-    else:
-        raise ValueError(f"unknown task {task!r}; known: {TASKS},lambada")
-    return q
+    path, config, split, render = HUB[task]
+    return [{"id": i, **render(d)} for i, d in enumerate(load_dataset(path, config, split=split))]
+
+
+# ---------------------------------------------------------------------------------------------
+# The table: one row per model, the study's score per task, Avg, and recovery
+
+
+def resample_means(hits, rng, n_boot=BOOT):
+    """(n_boot, models) means of bootstrap resamples of the questions, hits (questions, models)
+    0/1. A resample only counts how often each distinct row of hits is drawn, so it is one
+    multinomial draw over those rows; a row keeps the models of a question together (paired)."""
+    rows, counts = np.unique(hits, axis=0, return_counts=True)
+    draws = rng.multinomial(len(hits), counts / len(hits), size=n_boot)  # (n_boot, distinct rows)
+    return draws @ rows / len(hits)
+
+
+def metric(task):
+    """The score a task is reported with: the study's rule (STUDY), acc for any other task."""
+    return STUDY.get(task, "acc")
+
+
+def summarize(results, names):
+    """The table's numbers for results, per-model result dicts on the same questions (teacher
+    first): {'tasks', 'avg_of', 'rows': {name: {task or 'avg': (score, lo, hi), 'lambada_ppl'}},
+    'recovery': {task or 'avg': (ratio, lo, hi)}} (recovery only for two models)."""
+    tasks = [t for t in results[0] if t != "lm"]
+    study = [t for t in tasks if t in STUDY]
+    hits = {t: np.array([[int(c) for c in r[t][metric(t)]["hits"]] for r in results]).T for t in tasks}  # (questions, models)
+
+    def boot(cols, over):  # {task: (BOOT, len(cols)) resampled means}, plus 'avg' over the study's tasks
+        rng = np.random.default_rng(SEED)  # the same draws whatever else is in the table
+        b = {t: resample_means(hits[t][:, cols], rng) for t in over}
+        if study:
+            b["avg"] = np.mean([b[t] for t in study], 0)  # each task resampled on its own
+        return b
+
+    out = {"tasks": tasks, "avg_of": study, "rows": {}, "recovery": {}}
+    for j, (name, res) in enumerate(zip(names, results)):
+        row = {t: (res[t][metric(t)]["score"], *res[t][metric(t)]["ci"]) for t in tasks}
+        if study:
+            row["avg"] = (float(np.mean([row[t][0] for t in study])), *np.percentile(boot([j], study)["avg"][:, 0], [2.5, 97.5]))
+        if "lambada" in res:
+            row["lambada_ppl"] = res["lambada"]["ppl"]
+        out["rows"][name] = row
+    if len(results) == 2:  # recovery of the student (column 1) against the teacher (column 0), paired
+        paired = boot([0, 1], tasks)
+        for t in paired:
+            ref, got = out["rows"][names[0]][t][0], out["rows"][names[1]][t][0]
+            out["recovery"][t] = (got / ref if ref > 0 else float("nan"), *ratio_interval(paired[t]))
+    return out
+
+
+def ratio_interval(boot):
+    """95% percentile interval of student / teacher, boot (resamples, [teacher, student]) means;
+    resamples in which the teacher scores 0 have no ratio and are left out."""
+    ok = boot[:, 0] > 0
+    if not ok.any():
+        return (float("nan"), float("nan"))
+    return tuple(np.percentile(boot[ok, 1] / boot[ok, 0], [2.5, 97.5]))
+
+
+def markdown(summary):
+    """The summary as a markdown table: ppl, the tasks of Avg, Avg, then the others (MMLU)."""
+    study, extra = summary["avg_of"], [t for t in summary["tasks"] if t not in STUDY]
+    cols = study + (["avg"] if study else []) + extra
+    head = [("Avg" if len(study) == len(STUDY) else f"Avg ({len(study)} tasks)") if t == "avg"
+            else f"{NAMES.get(t, t)} {metric(t)}" for t in cols]
+    ppl = "lambada" in summary["tasks"]
+    lines = ["| model |" + (" LAMBADA ppl |" if ppl else "") + "".join(f" {h} |" for h in head),
+             "|---|" + ("---|" if ppl else "") + "---|" * len(cols)]
+    cell = "{:.1f} [{:.1f}, {:.1f}]".format
+    for name, row in summary["rows"].items():
+        lines.append(f"| {name} |" + (f" {row['lambada_ppl']:.2f} |" if ppl else "")
+                     + "".join(f" {cell(*(100 * v for v in row[t]))} |" for t in cols))
+    if summary["recovery"]:
+        rec = summary["recovery"]
+        lines.append("| Recovery (%) |" + (" - |" if ppl else "") + "".join(f" {cell(*(100 * v for v in rec[t]))} |" for t in cols))
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,22 +310,28 @@ def load_hub(task):
 
 def evaluate(net, tok, args, data, teacher=None):
     res = {"lm": lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)}
-    for task in filter(None, args.tasks.split(",")):
-        qs = load_offline(task, args.mc_dir) if args.mc_source == "offline" else load_hub(task)
-        qs = qs[:args.mc_limit] if args.mc_limit else qs  # the files' own order: a fixed subset
-        res[task] = mc_accuracy(net, tok, qs, args.batch_size)
-        print(f"  {task}: acc {res[task]['acc']:.3f}, acc_norm {res[task]['acc_norm']:.3f} ({res[task]['n']} questions)", file=sys.stderr)
+    for task in args.task_list:
+        qs = subset(load_offline(task, args.mc_dir) if args.mc_source == "offline" else load_hub(task), args.mc_limit)
+        if not qs:
+            sys.exit(f"error: task {task} has no questions")
+        if "continuation" in qs[0]:  # a cloze task: LAMBADA
+            res[task] = cloze(net, tok, qs, args.batch_size)
+            msg = f"acc {res[task]['acc']['score']:.3f}, ppl {res[task]['ppl']:.2f}"
+        else:
+            res[task] = mc_accuracy(net, tok, qs, args.batch_size)
+            msg = f"acc {res[task]['acc']['score']:.3f}, acc_norm {res[task]['acc_norm']['score']:.3f}"
+        print(f"  {task}: {msg} ({res[task]['n']} questions)", file=sys.stderr)
     return res
 
 
 def main(argv=None):
     args = get_args(argv)
     dtype = getattr(torch, args.dtype)
-    tasks = [t for t in args.tasks.split(",") if t]
-    missing = [t for t in tasks if args.mc_source == "offline" and not os.path.exists(os.path.join(args.mc_dir, f"{t}.jsonl"))]
+    missing = [t for t in args.task_list if args.mc_source == "offline" and not os.path.exists(os.path.join(args.mc_dir, f"{t}.jsonl"))]
     if missing:  # before any work: the perplexity pass takes minutes on a CPU
         sys.exit(f"error: {args.mc_dir} has no {', '.join(missing)}: run python data/mc_offline/prepare.py "
                  f"(offline tasks: {TASKS})")
+    torch.manual_seed(0)  # an untrained student's new layers: the same draws every run
     net, tok = checkpoint.load_from_args(args)
     try:
         student = net.config.mixer != "attention"
@@ -202,7 +339,8 @@ def main(argv=None):
         data = np.memmap(args.data, dtype=np.uint16, mode="r")
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    print(f"evaluating {args.mixer or args.init_from} ({net.config.mixer})", file=sys.stderr)
+    label = args.mixer or args.init_from
+    print(f"evaluating {label} ({net.config.mixer})", file=sys.stderr)
     results = {"model": evaluate(net, tok, args, data, teacher)}
     if teacher is not None:
         print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
@@ -210,20 +348,13 @@ def main(argv=None):
     lm = results["model"]["lm"]
     print(f"\nheld-out {lm['tokens']:,} tokens: loss {lm['loss']:.4f}, ppl {lm['ppl']:.2f}"
           + (f", KL to teacher {lm['kl']:.4f} nats/token (teacher ppl {results['teacher']['lm']['ppl']:.2f})" if teacher else ""))
-    tasks = [t for t in results["model"] if t != "lm"]
-    if tasks:
-        print("\n| task | n | acc | acc_norm |" + (" teacher acc_norm | recovery |" if teacher else ""))
-        print("|---|---|---|---|" + ("---|---|" if teacher else ""))
-    for t in tasks:
-        m = results["model"][t]
-        row = f"| {t} | {m['n']} | {100 * m['acc']:.1f} | {100 * m['acc_norm']:.1f} |"
-        if teacher:
-            ref = results["teacher"][t]["acc_norm"]
-            m["recovery"] = m["acc_norm"] / ref if ref > 0 else float("nan")
-            row += f" {100 * ref:.1f} | {100 * m['recovery']:.1f}% |"
-        print(row)
-    if teacher and tasks:
-        print(f"mean recovery (acc_norm): {100 * np.mean([results['model'][t]['recovery'] for t in tasks]):.1f}%")
+    if args.task_list:
+        runs = [results["teacher"], results["model"]] if teacher else [results["model"]]
+        names = ["teacher", f"student ({label})"] if teacher else [f"teacher ({label})" if not student else label]
+        results["summary"] = summarize(runs, names)
+        print("\n" + "\n".join(markdown(results["summary"])))
+        print("\nquestions per task: " + ", ".join(f"{t} {results['model'][t]['n']}" for t in args.task_list)
+              + "; in %, [95% interval]: Wilson for a task, bootstrap for Avg, paired bootstrap for Recovery")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"settings": vars(args), **results}, f, indent=1)

