@@ -8,7 +8,7 @@ held-out text, the study's zero-shot tasks with 95% confidence intervals, and te
     python evaluate.py --mc_source=hub --mc_limit=0                # the same tasks from the hub, all
 
 Held-out text: perplexity = exp of the mean next-token cross-entropy over windows of --seq_len
-tokens of --data (default data/offline/val.bin). KL: mean over predicted positions of
+tokens of --data (default data/modern/val.bin). KL: mean over predicted positions of
 KL(teacher || student) = sum_v p_teacher(v) (log p_teacher(v) - log p_student(v)), in nats.
 
 Tasks: the study's LAMBADA, ARC-Easy, ARC-Challenge, PIQA, HellaSwag and WinoGrande, zero-shot,

@@ -16,7 +16,7 @@ and written as:
 
 --source takes a .jsonl, .json or .parquet file (or folder) with a "messages" field.
 Result: val = 1% of conversations by content hash. Not run on the project's offline machines
-(no hub there); data/chat_offline is the offline stand-in in the same format.
+(no hub there); data/sharegpt is the offline stand-in in the same format.
 """
 
 import os
