@@ -117,13 +117,14 @@ def main(argv=None):
                "tokenizer": args.tokenizer}
     if not args.force and common.already_prepared(args.out_dir, options):
         return
+    sources = {name: documents(name, args.cache) for name in names}  # all read first: one progress line after
     tok = common.load_tokenizer(args.tokenizer)
     seen, counts = set(), {}
     progress = common.Progress("modern", None)
     with common.BinWriter(args.out_dir, options) as w:
         for name in names:
-            docs, kept, tokens, duplicates = documents(name, args.cache), 0, 0, 0
-            for key, doc in docs:
+            kept, tokens, duplicates = 0, 0, 0
+            for key, doc in sources[name]:
                 fingerprint = " ".join(key.split()) if isinstance(doc, str) else json.dumps(doc)
                 if fingerprint in seen:
                     duplicates += 1
