@@ -308,12 +308,20 @@ def markdown(summary):
 # ---------------------------------------------------------------------------------------------
 
 
-def evaluate(net, tok, args, data, teacher=None):
-    res = {"lm": lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)}
+def load_tasks(args):
+    """{task: its questions}, --mc_limit of them evenly spaced, read once for every model."""
+    tasks = {}
     for task in args.task_list:
         qs = subset(load_offline(task, args.mc_dir) if args.mc_source == "offline" else load_hub(task), args.mc_limit)
         if not qs:
             sys.exit(f"error: task {task} has no questions")
+        tasks[task] = qs
+    return tasks
+
+
+def evaluate(net, tok, args, data, tasks, teacher=None):
+    res = {"lm": lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)}
+    for task, qs in tasks.items():
         if "continuation" in qs[0]:  # a cloze task: LAMBADA
             res[task] = cloze(net, tok, qs, args.batch_size)
             msg = f"acc {res[task]['acc']['score']:.3f}, ppl {res[task]['ppl']:.2f}"
@@ -341,10 +349,11 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     label = args.mixer or args.init_from
     print(f"evaluating {label} ({net.config.mixer})", file=sys.stderr)
-    results = {"model": evaluate(net, tok, args, data, teacher)}
+    tasks = load_tasks(args)
+    results = {"model": evaluate(net, tok, args, data, tasks, teacher)}
     if teacher is not None:
         print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
-        results["teacher"] = evaluate(teacher, tok, args, data)
+        results["teacher"] = evaluate(teacher, tok, args, data, tasks)
     lm = results["model"]["lm"]
     print(f"\nheld-out {lm['tokens']:,} tokens: loss {lm['loss']:.4f}, ppl {lm['ppl']:.2f}"
           + (f", KL to teacher {lm['kl']:.4f} nats/token (teacher ppl {results['teacher']['lm']['ppl']:.2f})" if teacher else ""))

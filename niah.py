@@ -36,6 +36,7 @@ References:
 
 import argparse
 import csv
+import functools
 import json
 import os
 import random
@@ -112,6 +113,14 @@ def make_needle(task, rng):
     return key, str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
+@functools.lru_cache(maxsize=2)
+def sentence_ends(tok):
+    """ends[id]: the token's text ends a sentence or a line (one pass over the vocabulary, shared
+    by every haystack of this tokenizer)."""
+    texts = [tok.decode([i]) for i in range(tok.n_vocab)]
+    return np.array([t.rstrip(" ").endswith((".", "!", "?", "\n")) for t in texts])
+
+
 class Haystack:
     """Filler token ids of any length, and the places in them where a needle may go. RULER's
     noise repeats one line and takes the needle as a line of its own (lines=True); an essay takes
@@ -121,9 +130,7 @@ class Haystack:
         self.ids, self.lines = np.asarray(ids, dtype=np.int64), lines
         self.sep = "\n" if lines else " "  # what joins the needle to the text before it
         self.newline = tok.encode("\n")[0]
-        # ends[id]: the token's text ends a sentence or a line
-        texts = [tok.decode([i]) for i in range(tok.n_vocab)]
-        self.ends = np.array([t.rstrip(" ").endswith((".", "!", "?", "\n")) for t in texts])
+        self.ends = sentence_ends(tok)
 
     @classmethod
     def noise(cls, tok):

@@ -333,7 +333,7 @@ def fetch(kind, spec, filename, digest, cache):
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cache)
         except FileNotFoundError:
             raise RuntimeError(f"{cmd[0]} not found: fetching {spec} needs it "
-                               f"(npm: `apt-get install npm`, or Node.js from nodejs.org; apt-get: a Debian or Ubuntu machine)") from None
+                               f"(npm: `apt-get install npm`, or Node.js from nodejs.org; apt-get: Debian 12, whose versions data/modern pins)") from None
         except subprocess.CalledProcessError as e:
             hint = " (apt-get: is this version still in the archive? `apt-cache policy` lists them)" if kind == "debian" else ""
             raise RuntimeError(f"fetching {spec} failed ({' '.join(cmd)} exited {e.returncode}); "

@@ -123,18 +123,21 @@ def main(argv=None):
     progress = common.Progress("modern", None)
     with common.BinWriter(args.out_dir, options) as w:
         for name in names:
-            kept, tokens, duplicates = 0, 0, 0
+            fresh = []  # the documents no earlier source or document had
             for key, doc in sources[name]:
                 fingerprint = " ".join(key.split()) if isinstance(doc, str) else json.dumps(doc)
-                if fingerprint in seen:
-                    duplicates += 1
-                    continue
-                seen.add(fingerprint)
-                ids = tok.encode_chat(doc)[0] if isinstance(doc, list) else tok.encode(doc)
+                if fingerprint not in seen:
+                    seen.add(fingerprint)
+                    fresh.append((key, doc))
+            texts = (ids for _, ids in common.encode_stream([d for _, d in fresh if isinstance(d, str)], tok))
+            tokens = 0
+            for key, doc in fresh:
+                ids = tok.encode_chat(doc)[0] if isinstance(doc, list) else next(texts)
                 n = w.add("val" if common.is_val(key, args.val_fraction) else "train", ids)
                 progress.update(1, n)
-                kept, tokens = kept + 1, tokens + n
-            counts[name] = {"documents": kept, "tokens": tokens, "duplicates_dropped": duplicates}
+                tokens += n
+            counts[name] = {"documents": len(fresh), "tokens": tokens,
+                            "duplicates_dropped": len(sources[name]) - len(fresh)}
         progress.close()
         w.extra = {"sources": counts}  # per source, into meta.json
     for name, c in counts.items():
