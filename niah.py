@@ -138,7 +138,7 @@ class Haystack:
 
     @classmethod
     def essays(cls, tok, path):
-        """Held-out documents with every whitespace run made one space and run together, as RULER
+        r"""Held-out documents with every whitespace run made one space and run together, as RULER
         does with its essays (re.sub(r"\s+", " ", essay)): prose on one line, code and tables too."""
         ids = np.fromfile(path, dtype=np.uint16)
         docs = np.split(ids, np.nonzero(ids == tok.eot_id)[0] + 1)  # each ends with its 0
@@ -158,7 +158,7 @@ class Haystack:
     def insert_at(self, hay, depth):
         """Index in hay where the needle goes: the place nearest to depth% of it, before a line
         break of the noise or after a sentence end of an essay."""
-        target = round(depth / 100 * len(hay))
+        target = depth / 100 * len(hay)  # unrounded: rounding first can break a near-tie the wrong way
         if self.lines:
             cands = np.append(np.nonzero(hay == self.newline)[0], len(hay))
         else:

@@ -101,6 +101,18 @@ def test_prompt_has_the_length_and_rulers_wording_and_the_needle_sits_at_its_dep
                f"I will quiz you about the {v} afterwards.\n" in text
 
 
+def test_the_needle_goes_after_the_sentence_end_nearest_to_its_depth(tok):
+    # 75% of 491 tokens is 368.25: the end at 377 (8.75 away) beats the one at 359 (9.25 away),
+    # though the two tie once the target is rounded to 368
+    word, stop = tok.encode(" word")[0], tok.encode(".")[0]
+    hay = np.full(491, word)
+    hay[[358, 376]] = stop
+    essay = niah.Haystack(tok, hay)
+    assert not essay.ends[word] and essay.ends[stop]
+    assert essay.insert_at(hay, 75) == 377
+    assert essay.insert_at(hay, 0) == 0 and essay.insert_at(hay, 100) == 491
+
+
 def test_needles_are_rulers_key_and_value_types():
     rng = random.Random(0)
     for task, value in [("s_niah_1", r"\d{7}"), ("s_niah_2", r"\d{7}"),
