@@ -37,3 +37,53 @@ def plot(history, path):
     fig.savefig(path + ".tmp", format="png", dpi=90)
     plt.close(fig)
     os.replace(path + ".tmp", path)
+
+
+def recipe(out_dir, path):
+    """scripts/recipe.sh's comparison as a PNG: each student's recovery per task with its 95%
+    interval (evaluate.py's <run>.eval.json), and its NIAH accuracy by length (niah.py's
+    <run>.niah/results.json)."""
+    import glob
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted(p[len(out_dir) + 1:-len(".eval.json")] for p in glob.glob(os.path.join(out_dir, "*.eval.json")))
+    if not runs:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    width = 0.8 / len(runs)
+    for i, run in enumerate(runs):
+        with open(os.path.join(out_dir, run + ".eval.json")) as f:
+            s = json.load(f)["summary"]
+        cols = s["avg_of"] + ["avg"]
+        rec = [s["recovery"][c] for c in cols]
+        x = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(cols))]
+        mid = [100 * r[0] for r in rec]
+        err = [[100 * (r[0] - r[1]) for r in rec], [100 * (r[2] - r[0]) for r in rec]]
+        a.bar(x, mid, width, yerr=err, capsize=2, label=run, color=f"C{i}")
+        with open(os.path.join(out_dir, run + ".niah", "results.json")) as f:
+            by = {}
+            for r in json.load(f)["records"]:
+                by.setdefault(r["task"], {}).setdefault(r["length"], []).append(r["correct"])
+        for k, (task, per) in enumerate(sorted(by.items())):
+            lengths = sorted(per)
+            b.plot(lengths, [100 * sum(per[n]) / len(per[n]) for n in lengths], marker="os^"[k % 3],
+                   color=f"C{i}", ls=["-", "--", ":"][k % 3], label=f"{run} {task}")
+    a.axhline(100, color="k", lw=0.6)
+    a.set_xticks(range(len(cols)), [c.replace("_", "-") for c in cols])
+    a.set(ylabel="recovery = student / teacher (%)", ylim=(0, 120),
+          title="task recovery, 95% paired-bootstrap intervals")
+    a.legend(loc="lower right", fontsize=8)
+    b.set(xscale="log", xlabel="prompt length (tokens)", ylabel="string match (%)", ylim=(-3, 103),
+          title="needle in a haystack")
+    b.minorticks_off()
+    b.set_xticks(lengths, [str(n) for n in lengths])
+    b.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path + ".tmp", format="png", dpi=90)
+    plt.close(fig)
+    os.replace(path + ".tmp", path)

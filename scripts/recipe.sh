@@ -5,7 +5,8 @@
 # 13.1M tokens), on each corpus; from the same stage-2 checkpoint, stage 3 runs with
 # ce_weight=1 (CE + KL, the study's) and ce_weight=0 (KL alone). Every stage-3 student is then
 # measured: val perplexity and KL to the teacher on data/modern/val.bin, the study's task
-# table (evaluate.py) and needle in a haystack (niah.py). The table lands in $OUT/recipe.md.
+# table (evaluate.py) and needle in a haystack (niah.py). The table lands in $OUT/recipe.md, the
+# figure in $OUT/recipe.png.
 #
 #   bash scripts/recipe.sh                        # one GPU: both corpora, both losses
 #   CORPORA=modern CES="1 0" bash scripts/recipe.sh
@@ -88,3 +89,5 @@ if rows:
     print(f"| teacher | {rows[0][1]['teacher']['lm']['ppl']:.2f} | 0 | "
           + " | ".join(f"{100 * teacher[c][0]:.1f}" for c in cols) + " | 100% | |")
 TABLE
+$PY -c 'import plots, sys; plots.recipe(sys.argv[1], sys.argv[1] + "/recipe.png")' "$OUT"
+echo "wrote $OUT/recipe.md and $OUT/recipe.png"
