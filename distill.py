@@ -80,15 +80,17 @@ def set_trainable(student, stage):
 
 
 @torch.no_grad()
-def teacher_pass(teacher, idx, stage, logits=False):
+def teacher_pass(teacher, idx, stage, head=False):
     """Run the frozen teacher on idx [B, T], block by block, keeping what `stage` matches.
 
     Returns a dict: "hidden", a list of L+1 tensors [B, T, C] (the residual stream entering
     each block, then the last block's output), and "attn", L tensors [B, T, C] (each attention
-    output after o_proj), for stages 1 and 2; "logits" [B, T, V] for stage 3 or when asked.
+    output after o_proj), for stages 1 and 2; for stage 3, or when `head`, "final" [B, T, C]
+    (the hidden states the LM head reads) and "head" (its weight [V, C]): the losses make the
+    logits from these, a slice of rows at a time.
     """
     out = {}
-    if stage in ("sft", "lm") and not logits:
+    if stage in ("sft", "lm") and not head:
         return out  # these losses need no teacher
     x = teacher.model.embed_tokens(idx)  # (B, T, C)
     rope = teacher.rope(idx.shape[1], device=idx.device)
@@ -101,8 +103,8 @@ def teacher_pass(teacher, idx, stage, logits=False):
         attn.append(a)
     if stage in ("1", "2"):
         out["hidden"], out["attn"] = hidden, attn
-    if stage == "3" or logits:
-        out["logits"] = teacher.lm_head(teacher.model.norm(x))  # (B, T, V)
+    if stage == "3" or head:
+        out["final"], out["head"] = teacher.model.norm(x), teacher.lm_head.weight
     return out
 
 
@@ -151,6 +153,83 @@ def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weig
     return ce_weight * ce + kl_weight * kl, ce.detach(), kl.detach()
 
 
+HEAD_ROWS = 4096  # rows of logits at a time in head_loss: [4096, V] in flight, not [B*T, V]
+
+
+def _rows_loss_grad(z, t, y, inv_n, ce_weight, kl_weight, temperature, backend, grad=True):
+    """For rows z [n, V] of a batch with 1 / inv_n counted rows (teacher t or None, targets y [n],
+    -1: not counted): their parts of the batch's mean ce and kl, and the gradient dz of
+    ce_weight * ce + kl_weight * kl in z's dtype (None when not grad)."""
+    f = mixers.forms(backend, z)
+    if f is not mixers.TORCH:  # one fused kernel (kernels.distill_loss_grad)
+        return f.distill_loss_grad(z, t, y, ce_weight, kl_weight, temperature, grad=grad, inv_n=inv_n)
+    keep = (y >= 0).float()[:, None] * inv_n  # (n, 1)
+    ls = z.float().log_softmax(-1)
+    ce = -(ls.gather(1, y.clamp(min=0)[:, None]) * keep).sum()
+    g = ce_weight * (ls.exp() - F.one_hot(y.clamp(min=0), z.shape[1])) if grad else None  # d ce / dz
+    kl = ce.new_zeros(())
+    if t is not None:
+        lt, lz = (t.float() / temperature).log_softmax(-1), (z.float() / temperature).log_softmax(-1)
+        pt = lt.exp()
+        kl = ((pt * (lt - lz)).sum(-1, keepdim=True) * keep).sum() * temperature**2
+        g = g + kl_weight * temperature * (lz.exp() - pt) if grad else None
+    return ce, kl, (g * keep).to(z.dtype) if grad else None
+
+
+class _HeadLoss(torch.autograd.Function):
+    """head_loss's loss with its gradient computed in the forward, a slice of rows at a time
+    (the backward only scales the kept gradients by the incoming one)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, t_h, t_weight, y, ce_weight, kl_weight, temperature, backend, rows, grad):
+        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+        w = weight.to(dtype)
+        tw = None if t_h is None else t_weight.to(dtype)
+        inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # on the device: no host sync
+        ce, kl = h.new_zeros((), dtype=torch.float32), h.new_zeros((), dtype=torch.float32)
+        dh = torch.empty_like(h) if grad else None
+        dw = torch.zeros_like(weight, dtype=torch.float32) if grad and weight.requires_grad else None
+        for i in range(0, h.shape[0], rows):
+            h_i = h[i:i + rows].to(dtype)
+            z = h_i @ w.t()  # (rows, V): these rows' logits, made and dropped here
+            t = None if t_h is None else t_h[i:i + rows].to(dtype) @ tw.t()
+            ce_i, kl_i, dz = _rows_loss_grad(z, t, y[i:i + rows], inv_n, ce_weight, kl_weight, temperature,
+                                             backend, grad)
+            ce, kl = ce + ce_i, kl + kl_i
+            if not grad:
+                continue
+            dh[i:i + rows] = dz @ w
+            if dw is not None:
+                dw += (dz.t() @ h_i).float()
+        ctx.save_for_backward(dh, dw)
+        ctx.mark_non_differentiable(ce, kl)
+        return ce_weight * ce + kl_weight * kl, ce, kl
+
+    @staticmethod
+    def backward(ctx, dloss, _dce, _dkl):
+        dh, dw = ctx.saved_tensors
+        dh = dh * dloss.to(dh.dtype) if ctx.needs_input_grad[0] else None
+        dw = dw * dloss if dw is not None else None
+        return dh, dw, None, None, None, None, None, None, None, None, None
+
+
+def head_loss(h, weight, targets, t_h=None, t_weight=None, ce_weight=1.0, kl_weight=1.0, temperature=1.0,
+              backend=None, rows=HEAD_ROWS):
+    """distill_loss of the logits h @ weight.T against the teacher's t_h @ t_weight.T, without
+    ever holding them whole: (loss, ce, kl), differentiable in h and weight.
+
+    h [B, T, C] the student's final hidden states (model.hidden), weight [V, C] its LM head;
+    t_h, t_weight the teacher's (None: cross-entropy alone, kl 0); targets [B, T], -1: no loss.
+    `rows` rows of logits at a time are made, scored (the fused kernel on triton) and dropped,
+    with their gradients to h and weight; a [B*T, V] tensor (3 GB at 64 x 512 tokens in bf16)
+    never exists, nor its gradient, nor the teacher's.
+    """
+    t_h = None if t_h is None else t_h.flatten(0, 1)
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return _HeadLoss.apply(h.flatten(0, 1), weight, t_h, t_weight, targets.flatten(), float(ce_weight),
+                           float(kl_weight), float(temperature), backend, int(rows), grad)
+
+
 class StageLoss(nn.Module):
     """The student and its stage's loss, as one module: DistributedDataParallel wraps this,
     so that every gradient the loss produces is averaged across GPUs in one backward.
@@ -178,38 +257,52 @@ class StageLoss(nn.Module):
                     y = block(hidden[i], rope)  # (B, T, C)
                     loss = loss + (y.float() - hidden[i + 1].float()).norm(dim=-1).mean()
             return loss, {"loss": loss.detach()}
-        logits = net(idx)  # (B, T, V)
+        return self.from_hidden(net.hidden(idx), targets, teacher_out)
+
+    def from_hidden(self, h, targets, teacher_out):
+        """Stages 3, sft and lm from the student's final hidden states h [B, T, C] (model.hidden):
+        the LM head is applied inside the loss, a slice of rows at a time (head_loss)."""
+        weight = self.student.lm_head.weight
         if self.stage != "3":  # sft and lm: cross-entropy alone
-            ce, _, _ = distill_loss(logits, None, targets, backend=self.backend)
+            ce, _, _ = head_loss(h, weight, targets, backend=self.backend)
             return ce, {"loss": ce.detach(), "ce": ce.detach()}
-        loss, ce, kl = distill_loss(logits, teacher_out["logits"], targets, self.ce_weight, self.kl_weight,
-                                    self.temperature, self.backend)
+        loss, ce, kl = head_loss(h, weight, targets, teacher_out["final"], teacher_out["head"],
+                                 self.ce_weight, self.kl_weight, self.temperature, self.backend)
         return loss, {"loss": loss.detach(), "ce": ce, "kl": kl}
 
 
 @torch.no_grad()
-def compare(student_logits, teacher_logits, targets):
+def compare(h, weight, t_h, t_weight, targets, rows=HEAD_ROWS):
     """How close the student is to the teacher on one batch, over the positions with a target:
-    both cross-entropies, KL(teacher || student) and top-1 agreement (argmax equal)."""
-    mask = targets >= 0  # (B, T)
-    same = student_logits.argmax(-1) == teacher_logits.argmax(-1)  # (B, T)
-    return {
-        "ce": cross_entropy(student_logits, targets).item(),
-        "teacher_ce": cross_entropy(teacher_logits, targets).item(),
-        "kl": kl_per_token(teacher_logits, student_logits, mask=mask).item(),
-        "top1": same[mask].float().mean().item(),
-    }
+    both cross-entropies, KL(teacher || student) and top-1 agreement (argmax equal). From the
+    final hidden states h, t_h [B, T, C] and LM heads [V, C], a slice of rows at a time."""
+    h, t_h, y = h.flatten(0, 1), t_h.flatten(0, 1), targets.flatten()
+    sums = torch.zeros(4, device=h.device)  # ce, teacher ce, kl, top-1 hits
+    for i in range(0, h.shape[0], rows):
+        keep = y[i:i + rows] >= 0
+        z, t = F.linear(h[i:i + rows], weight)[keep].float(), F.linear(t_h[i:i + rows], t_weight)[keep].float()
+        yk = y[i:i + rows][keep]
+        ls, lt = z.log_softmax(-1), t.log_softmax(-1)
+        sums += torch.stack([F.nll_loss(ls, yk, reduction="sum"), F.nll_loss(lt, yk, reduction="sum"),
+                             (lt.exp() * (lt - ls)).sum(), (z.argmax(-1) == t.argmax(-1)).sum().float()])
+    n = max(int((y >= 0).sum()), 1)
+    return dict(zip(("ce", "teacher_ce", "kl", "top1"), (sums / n).tolist()))
 
 
 @torch.no_grad()
 def evaluate(loss_model, teacher, batches, ctx):
-    """The stage loss, and the student against the teacher, over the fixed val batches."""
-    totals = {}
+    """The stage loss, and the student against the teacher, over the fixed val batches: one
+    student forward a batch in stages 3, sft and lm (the loss and the comparison share it)."""
+    totals, net = {}, loss_model.student
     for x, y in batches:
         with ctx:
-            t_out = teacher_pass(teacher, x, loss_model.stage, logits=True)
-            _, parts = loss_model(x, y, t_out)
-            metrics = compare(loss_model.student(x), t_out["logits"], y)
+            t_out = teacher_pass(teacher, x, loss_model.stage, head=True)
+            h = net.hidden(x)
+            if loss_model.stage in ("1", "2"):
+                _, parts = loss_model(x, y, t_out)
+            else:
+                _, parts = loss_model.from_hidden(h, y, t_out)
+            metrics = compare(h, net.lm_head.weight, t_out["final"], t_out["head"], y)
         metrics["loss"] = parts["loss"].item()
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v / len(batches)

@@ -2152,13 +2152,16 @@ _LOSS_WARPS = 8  # warps per program (one row)
 
 @_op("distill_loss")
 def _distill_loss_op(z: torch.Tensor, t: Optional[torch.Tensor], y: torch.Tensor, ce_weight: float,
-                     kl_weight: float, temperature: float, grad: bool
+                     kl_weight: float, temperature: float, grad: bool, inv_n: Optional[torch.Tensor] = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss = ce_weight * ce + kl_weight * kl, ce, kl, dz): fp32 scalars and the gradient of the
-    loss in z's dtype, absent when grad is False."""
+    loss in z's dtype, absent when grad is False. ce and kl are sums over the rows times inv_n, a
+    0-d fp32 tensor: by default 1 / (rows that count), so means; another for rows that are a
+    slice of a larger batch."""
     N, V = z.shape
     z, y = z.contiguous(), y.contiguous()
-    inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # stays on the device
+    if inv_n is None:
+        inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # stays on the device
     dz = torch.empty_like(z) if grad else None
     ce, kl = (torch.empty(N, device=z.device, dtype=torch.float32) for _ in range(2))
     # z stands in as the pointer of an absent teacher or gradient (KL, GRAD false: never touched)
@@ -2170,7 +2173,7 @@ def _distill_loss_op(z: torch.Tensor, t: Optional[torch.Tensor], y: torch.Tensor
 
 
 @_distill_loss_op.register_fake
-def _(z, t, y, ce_weight, kl_weight, temperature, grad):
+def _(z, t, y, ce_weight, kl_weight, temperature, grad, inv_n=None):
     return (*(z.new_empty((), dtype=torch.float32) for _ in range(3)), z.new_empty(z.shape) if grad else _absent(z))
 
 
@@ -2182,7 +2185,7 @@ def _distill_loss_setup(ctx, inputs, output):
 def _distill_loss_backward(ctx, dloss, *_):
     (dz,) = ctx.saved_tensors
     dz = dz * dloss.to(dz.dtype) if ctx.needs_input_grad[0] else None  # the loss is linear in dz's scale
-    return dz, None, None, None, None, None, None
+    return dz, None, None, None, None, None, None, None
 
 
 _distill_loss_op.register_autograd(_distill_loss_backward, setup_context=_distill_loss_setup)
@@ -2193,16 +2196,19 @@ def _distill_check(z, t, y):
     assert t is None or t.shape == z.shape, f"t {tuple(t.shape)} must match z {tuple(z.shape)}"
 
 
-def distill_loss_grad(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0, grad=True):
+def distill_loss_grad(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0, grad=True, inv_n=None):
     """Stage 3's loss on rows of logits and its gradient, fused, outside autograd (distill_loss
     below wraps it): returns (ce, kl, dz).
 
     z (student) and t (teacher, or None for cross-entropy alone) [N, V]; y [N] targets, -1 where a
     row does not count. ce and kl are means over the rows that count (kl scaled by T^2); dz is the
-    gradient of ce_weight * ce + kl_weight * kl in z's dtype, or None when grad is False.
+    gradient of ce_weight * ce + kl_weight * kl in z's dtype, or None when grad is False. inv_n
+    (a 0-d fp32 tensor) replaces 1 / (rows that count) in the means and the gradient: z is then a
+    slice of a batch of 1 / inv_n counted rows, and ce, kl its parts of the batch's means.
     """
     _distill_check(z, t, y)
-    _, ce, kl, dz = _distill_loss_op(z, t, y, float(ce_weight), float(kl_weight), float(temperature), grad)
+    _, ce, kl, dz = _distill_loss_op(z, t, y, float(ce_weight), float(kl_weight), float(temperature), grad,
+                                     inv_n)
     return ce, kl, dz if grad else None
 
 

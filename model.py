@@ -230,6 +230,15 @@ class SmolLM2(nn.Module):
         positions = torch.arange(start, start + T, device=device)  # made on the device: capturable in a CUDA graph
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
+    def hidden(self, idx):
+        """idx [B, T] -> the final hidden states [B, T, C] that the LM head reads (after the
+        last norm): training losses apply the head themselves, a slice of rows at a time."""
+        x = self.model.embed_tokens(idx)  # (B, T, C)
+        rope = self.rope(idx.shape[1], 0, idx.device)
+        for block in self.model.layers:
+            x = block(x, rope)
+        return self.model.norm(x)
+
     def forward(self, idx, targets=None, caches=None, start=0, last_only=False):
         """idx [B, T] token ids -> logits [B, T, V] (and the mean cross-entropy with targets).
 

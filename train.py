@@ -88,7 +88,7 @@ class Settings:
     device: str = "cpu"  # torchrun picks cuda:<local rank> itself
     dtype: str = "bfloat16"  # autocast dtype, "bfloat16" or "float32" (= no autocast); weights stay fp32
     backend: str = ""  # the mixers' form: "naive", "torch" or "triton"; "" = triton on CUDA, torch otherwise
-    compile: bool = False  # torch.compile the student and its loss
+    compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
     profile: int = 0  # > 0: profile this many steps after 3 warm-up steps, write <ckpt>_profile.txt/.json, stop
     seed: int = 1337  # new mixer weights and the order of batches
     peak_tflops: float = 0.0  # per device, for MFU; 0 = no MFU
@@ -96,7 +96,8 @@ class Settings:
 
 # The defaults above are sized for 2 CPU cores. On a GPU these replace them, sized for one H200:
 GPU_DEFAULTS = dict(
-    block_size=512, batch_size=16, grad_accum=4,  # 16 * 512 * 4 = 32k tokens per step and GPU
+    block_size=512, batch_size=64, grad_accum=1,  # 64 * 512 = 32k tokens per step and GPU
+    compile=True,  # the student with its loss, and the teacher's forward, through torch.compile
     max_iters=0,  # the stage's token budget
     eval_interval=250, eval_iters=20, log_interval=10,
     device="cuda", peak_tflops=989.0)  # H100/H200 dense bf16
@@ -137,7 +138,8 @@ def parse_args(argv):
 def settings(argv):
     """The run's Settings, checked before any long work, and this stage's checkpoint when resuming."""
     given = parse_args(argv)
-    s = Settings(**{**(GPU_DEFAULTS if torch.cuda.is_available() else {}), **given})
+    on_gpu = torch.cuda.is_available() and not str(given.get("device", "cuda")).startswith("cpu")
+    s = Settings(**{**(GPU_DEFAULTS if on_gpu else {}), **given})
     state = None  # this stage's own checkpoint (optimizer, step, history)
     if s.resume and os.path.exists(ckpt_path(s)):
         state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)
@@ -334,6 +336,7 @@ def main(argv=None):
     loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature, s.backend or None)
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
     train_model = torch.compile(loss_model) if s.compile else loss_model
+    teacher_pass = torch.compile(distill.teacher_pass) if s.compile else distill.teacher_pass  # frozen: forward only
     if ddp:
         train_model = DDP(train_model, device_ids=[torch.cuda.current_device()] if dev_type == "cuda" else None)
     step, history = 0, {"train": [], "val": []}
@@ -383,7 +386,7 @@ def main(argv=None):
             sync = not ddp or micro == s.grad_accum - 1
             with nullcontext() if sync else train_model.no_sync():
                 with ctx:
-                    t_out = distill.teacher_pass(teacher, x, s.stage)  # no_grad inside
+                    t_out = teacher_pass(teacher, x, s.stage)  # no_grad inside
                     loss, parts = train_model(x, y, t_out)
                 (loss / s.grad_accum).backward()  # gradients add up over micro-steps: their mean
             loss_sum = loss_sum + parts["loss"] / s.grad_accum  # a device tensor: no sync here

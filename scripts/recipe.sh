@@ -42,7 +42,8 @@ done
 train() {  # train <log name> <train.py settings...>
   local name=$1
   shift
-  $PY train.py --mixer=gated_deltanet --batch_size="$BATCH" --grad_accum=1 --block_size=512 \
+  # eager: a run of a few minutes loses more to compiling (about 95 s) than it gains
+  $PY train.py --mixer=gated_deltanet --batch_size="$BATCH" --grad_accum=1 --block_size=512 --compile=false \
     --eval_iters=20 --resume=false "$@" $EXTRA 2>&1 | tee "$OUT/$name.log" | grep -E '^(stage|eval)'
 }
 

@@ -95,14 +95,21 @@ def main():
             distill.teacher_pass(teacher, x, "3")
 
     with ctx:
-        t_logits = distill.teacher_pass(teacher, x, "3")["logits"]
+        t_out = distill.teacher_pass(teacher, x, "3")
+        t_logits = teacher.lm_head(t_out["final"])
     z = torch.randn(B, T, cfg.vocab_size, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    hz = torch.randn(B, T, cfg.n_embd, device=dev, dtype=torch.bfloat16, requires_grad=True)
 
     def loss_autograd():  # the stage-3 loss through autograd, from distill.py's two functions
         (distill.cross_entropy(z, y) + distill.kl_per_token(t_logits, z, mask=y >= 0)).backward()
 
     def loss_fused():
         distill.distill_loss(z, t_logits, y)[0].backward()
+
+    def loss_head():
+        with ctx:
+            loss = distill.head_loss(hz, student.lm_head.weight, y, t_out["final"], t_out["head"])[0]
+        loss.backward()
 
     h = torch.randn(B, T, cfg.n_embd, device=dev, requires_grad=True)
     rope = student.rope(T, device=dev)
@@ -130,9 +137,10 @@ def main():
     if args.compile:
         row("teacher's training micro-step, torch.compile(fullgraph=True)", step(lm, "lm", compiled=True))
         row(f"stage-3 micro-step ({args.mixer}), torch.compile(fullgraph=True)", step(student, "3", compiled=True))
-    row("  teacher forward (frozen, bf16 weights, logits)", teacher_forward)
+    row("  teacher forward (frozen, bf16 weights, final hidden states)", teacher_forward)
     row("  stage-3 loss, autograd (cross_entropy + kl_per_token), forward and backward", loss_autograd)
     row("  stage-3 loss, fused (distill_loss), forward and backward", loss_fused)
+    row("  stage-3 loss with both LM heads, in slices of rows (head_loss), forward and backward", loss_head)
     row("  one softmax attention layer, forward and backward", layer(lm.model.layers[0].self_attn))
     row(f"  one {args.mixer} layer, forward and backward", layer(mixer))
     row("  short conv, PyTorch (F.conv1d and SiLU), forward and backward",

@@ -162,6 +162,27 @@ def test_distill_loss_takes_the_kernel_on_the_triton_backend():
     assert all(rel(a, b) < 1e-5 for a, b in zip(out[True], out[False]))
 
 
+@pytest.mark.parametrize("teacher", [True, False])
+def test_head_loss_takes_the_kernel_on_the_triton_backend(teacher):
+    # distill.head_loss (the stage-3, sft and lm loss) in slices of rows through the fused kernel,
+    # against its torch backend: loss, parts, and the gradients of h and of the LM head
+    gen = torch.Generator().manual_seed(0)
+    h, w = torch.randn(2, 5, 16, generator=gen), torch.randn(300, 16, generator=gen)
+    th, tw = torch.randn(2, 5, 16, generator=gen), torch.randn(300, 16, generator=gen)
+    y = torch.randint(0, 300, (2, 5), generator=gen)
+    y[0, :2] = -1
+    out = {}
+    for on in (True, False):
+        hh, ww = h.to(DEV).requires_grad_(), w.to(DEV).requires_grad_()
+        t = (th.to(DEV), tw.to(DEV)) if teacher else (None, None)
+        loss, ce, kl = distill.head_loss(hh, ww, y.to(DEV), *t, 0.5, 2.0, 1.5, backend="triton" if on else "torch",
+                                         rows=3)
+        (3 * loss).backward()
+        out[on] = [v.detach().cpu() for v in (loss, ce, kl, hh.grad, ww.grad)]
+    assert all(rel(a, b) < 1e-5 for a, b in zip(out[True][:2] + out[True][3:], out[False][:2] + out[False][3:]))
+    assert (out[True][2] - out[False][2]).abs().item() < 1e-5 * max(1.0, out[False][2].abs().item())
+
+
 @gpu
 def test_short_conv_bf16_on_gpu():
     gen = torch.Generator().manual_seed(0)
@@ -306,9 +327,11 @@ def test_layer_prefill_then_decode_on_the_kernel_path(mixer):
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None and not CUDA,
                     reason="torch.compile on a CPU needs a C compiler")
-def test_a_student_compiles_whole_on_the_triton_backend():
-    # the kernels are custom operators: torch.compile(fullgraph=True) of a student's stage-3 loss
-    # module (conv, recurrence, norms, decay, fused loss) has no graph break, and computes the same
+@pytest.mark.parametrize("stage", ["1", "2", "3", "lm"])
+def test_a_student_compiles_whole_on_the_triton_backend(stage):
+    # the kernels are custom operators: torch.compile(fullgraph=True) of a student's stage loss
+    # module (conv, recurrence, norms, decay, the LM head's fused loss) has no graph break, and
+    # computes the same loss and gradients
     import checkpoint
     import model
 
@@ -317,13 +340,19 @@ def test_a_student_compiles_whole_on_the_triton_backend():
     teacher = model.SmolLM2(cfg).to(DEV)
     student = checkpoint.student_from_teacher(teacher, "gated_deltanet").set_backend("triton")
     x = torch.randint(0, 64, (2, 40), device=DEV)
-    t_out = distill.teacher_pass(teacher, x, "3")
-    loss_model = distill.StageLoss(student, "3", backend="triton")
+    t_out = distill.teacher_pass(teacher, x, stage)
+    t_compiled = torch.compile(distill.teacher_pass, fullgraph=True)(teacher, x, stage)  # as train.py runs it
+    assert t_compiled.keys() == t_out.keys()
+    for k in t_out:
+        for a, b in zip(*((v if isinstance(v, list) else [v]) for v in (t_compiled[k], t_out[k]))):
+            assert rel(a, b) < (1e-5 if DEV == "cpu" else 1e-3)
+    params = [p for _, p in distill.set_trainable(student, stage)]
+    loss_model = distill.StageLoss(student, stage, backend="triton")
     out = []
     for fn in (loss_model, torch.compile(loss_model, fullgraph=True)):
         student.zero_grad()
         loss, _ = fn(x, x, t_out)
         loss.backward()
-        out.append([loss.detach()] + [p.grad.clone() for p in student.parameters()])
+        out.append([loss.detach()] + [p.grad.clone() for p in params])
     tol = 1e-5 if DEV == "cpu" else 1e-3
     assert all(rel(a, b) < tol for a, b in zip(out[1], out[0]))

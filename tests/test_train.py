@@ -129,8 +129,9 @@ def test_stage1_moves_only_mixers_and_input_norms_stage2_only_blocks(setup, chai
 def test_teacher_pass_is_the_teacher_forward():
     teacher = tiny_teacher()
     idx = torch.randint(0, 64, (2, 16))
-    out = distill.teacher_pass(teacher, idx, "1", logits=True)
-    torch.testing.assert_close(out["logits"], teacher(idx))
+    out = distill.teacher_pass(teacher, idx, "1", head=True)
+    torch.testing.assert_close(teacher.lm_head(out["final"]), teacher(idx))
+    assert out["head"] is teacher.lm_head.weight
     rope = teacher.rope(16)
     for i, block in enumerate(teacher.model.layers):
         torch.testing.assert_close(out["hidden"][i + 1], block(out["hidden"][i], rope))
@@ -177,6 +178,45 @@ def test_distill_loss_is_ce_plus_kl_written_out(temperature):
     assert g[0, :3].abs().max() == 0  # rows without a target get no gradient
     ce_only, _, zero = distill.distill_loss(s, None, tgt, backend="torch")  # no teacher: cross-entropy alone
     assert ce_only.item() == pytest.approx(ce_ref.item(), rel=1e-5) and zero.item() == 0
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7, 1000])  # one row, slices that do and do not tile B*T, one slice
+@pytest.mark.parametrize("teacher", [True, False])
+def test_head_loss_in_slices_is_distill_loss_of_the_whole_logits(rows, teacher):
+    # head_loss against distill_loss on h @ W.T made whole, through autograd: loss, parts and the
+    # gradients of h and of W, with rows that do not count, in every slicing
+    torch.manual_seed(0)
+    h, w = torch.randn(2, 9, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
+    th, tw = (torch.randn(2, 9, 8), torch.randn(11, 8)) if teacher else (None, None)
+    y = torch.randint(0, 11, (2, 9))
+    y[0, :4] = -1
+    loss, ce, kl = distill.head_loss(h, w, y, th, tw, 0.7, 1.3, 2.0, backend="torch", rows=rows)
+    z = h @ w.t()
+    if teacher:
+        ref, ce_ref, kl_ref = distill.distill_loss(z, th @ tw.t(), y, 0.7, 1.3, 2.0, backend="torch")
+    else:
+        ce_ref = distill.cross_entropy(z, y)
+        ref, kl_ref = 0.7 * ce_ref, torch.zeros(())
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5) and ce.item() == pytest.approx(ce_ref.item(), rel=1e-5)
+    assert kl.item() == pytest.approx(kl_ref.item(), rel=1e-5, abs=1e-7) and not ce.requires_grad
+    g = torch.autograd.grad(3 * loss, (h, w))
+    g_ref = torch.autograd.grad(3 * ref, (h, w))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert g[0][0, :4].abs().max() == 0  # rows without a target give h no gradient
+
+
+def test_stage_metrics_in_slices_are_those_of_the_whole_logits():
+    torch.manual_seed(0)
+    h, th, w, tw = torch.randn(2, 9, 8), torch.randn(2, 9, 8), torch.randn(11, 8), torch.randn(11, 8)
+    y = torch.randint(0, 11, (2, 9))
+    y[1, 5:] = -1
+    got = distill.compare(h, w, th, tw, y, rows=4)
+    z, t, keep = h @ w.t(), th @ tw.t(), y >= 0
+    assert got["ce"] == pytest.approx(distill.cross_entropy(z, y).item(), rel=1e-5)
+    assert got["teacher_ce"] == pytest.approx(distill.cross_entropy(t, y).item(), rel=1e-5)
+    assert got["kl"] == pytest.approx(distill.kl_per_token(t, z, mask=keep).item(), rel=1e-5)
+    assert got["top1"] == pytest.approx((z.argmax(-1) == t.argmax(-1))[keep].float().mean().item())
 
 
 def test_stage3_loss_is_ce_plus_kl_and_zero_kl_for_a_copy_of_the_teacher():

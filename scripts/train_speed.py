@@ -1,0 +1,161 @@
+"""
+Training speed on one GPU, stage by stage, against the targets: train.py itself, as a user runs
+it, on random weights of SmolLM2-135M and random tokens (speed depends on neither).
+
+    python scripts/train_speed.py                                # stages 1, 2, 3, lm at 512 and 2048
+    python scripts/train_speed.py --lengths=512 --stages=3,lm --extra="--compile=false"
+    python scripts/train_speed.py --mixer=kda --out=speed.md
+    python scripts/train_speed.py --gpus=2 --stages=3            # torchrun: the same batch per GPU
+
+Each row is one `python train.py` run of --steps optimizer steps at train.py's GPU defaults
+(micro-batch, accumulation, compile, ...), with the micro-batch's tokens kept as the length
+changes (64 x 512 = 16 x 2048). Its speed is the log line of its last steps (the first steps
+compile and warm up), its peak memory the most allocated in the whole run, evals included.
+`lm` is the teacher's own training step (--mixer=attention --stage=lm), the yardstick of the
+stage-3 step. Rows print as they finish; --out also appends them to a file, and every run's
+log stays under --work.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# tokens/s at length 512, and peak memory, that each stage should reach on one H200 (bf16)
+TARGETS = {"1": 300_000, "2": 300_000, "3": 250_000, "lm": 350_000}
+MAX_GIB = 40
+RATIO = 1.5  # the stage-3 step's time per token at most this times the teacher's own (lm)
+
+
+def setup(work, mixer):
+    """A random SmolLM2-135M teacher, a student of it (the start of stages 2 and 3) and a corpus of
+    random tokens, under work/. Returns (teacher path, student path, data folder)."""
+    import torch
+
+    import checkpoint
+    import model as M
+
+    teacher_pt, student_pt, data = (os.path.join(work, p) for p in ("teacher.pt", f"{mixer}.pt", "data"))
+    if not os.path.exists(student_pt):
+        torch.manual_seed(0)
+        teacher = M.SmolLM2(M.Config())  # the defaults are SmolLM2-135M's
+        checkpoint.save(teacher_pt, teacher)
+        checkpoint.save(student_pt, checkpoint.student_from_teacher(teacher, mixer))
+    os.makedirs(data, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8_000_000), ("val", 200_000)):
+        path = os.path.join(data, f"{split}.bin")
+        if not os.path.exists(path):
+            rng.integers(1, 49152, n, dtype=np.uint16).tofile(path)
+    return teacher_pt, student_pt, data
+
+
+def run(args, stage, length, batch, paths):
+    """One train.py run; returns its log line numbers: tok/s, MFU, ms a step, peak GiB, seconds."""
+    teacher_pt, student_pt, data = paths
+    name = f"stage{stage}_{length}"
+    launcher = [sys.executable] if args.gpus == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
+    cmd = launcher + [os.path.join(ROOT, "train.py"), f"--stage={stage}",
+           f"--mixer={'attention' if stage == 'lm' else args.mixer}", f"--teacher={teacher_pt}",
+           f"--data_dir={data}", f"--out_dir={os.path.join(args.work, 'out', name)}", f"--block_size={length}",
+           f"--batch_size={batch}", f"--max_iters={args.steps}", f"--eval_interval={args.steps}",
+           "--eval_iters=1", f"--log_interval={max(1, args.steps // 3)}", "--resume=false"]
+    if stage in ("2", "3"):
+        cmd.append(f"--init_from={student_pt}")
+    cmd += args.extra.split()
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    log = proc.stdout + proc.stderr
+    with open(os.path.join(args.work, name + ".log"), "w") as f:
+        f.write(" ".join(cmd) + "\n" + log)
+    steps = [line for line in log.splitlines() if line.startswith("step ")]
+    mem = re.findall(r"peak mem ([\d.]+) GiB", log)
+    if proc.returncode or not steps:
+        tail = log.strip().splitlines()[-1] if log.strip() else f"exit {proc.returncode}"
+        raise RuntimeError(f"{name}: {tail} (log: {os.path.join(args.work, name + '.log')})")
+    last = steps[-1]
+    tok_s = float(re.search(r"([\d,]+) tok/s", last).group(1).replace(",", ""))
+    mfu = re.search(r"mfu ([^ ]+)", last).group(1)
+    ms = float(re.search(r"\| (\d+) ms \|", last).group(1))
+    return tok_s, mfu, ms, float(mem[-1]) if mem else float("nan"), time.time() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixer", default="gated_deltanet")
+    ap.add_argument("--stages", default="1,2,3,lm")
+    ap.add_argument("--lengths", default="512,2048")
+    ap.add_argument("--steps", type=int, default=30, help="optimizer steps a run (the last third is timed)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs a run, through torchrun (tokens/s: all together)")
+    ap.add_argument("--extra", default="", help="train.py settings added to every run, e.g. '--compile=false'")
+    ap.add_argument("--work", default="", help="teacher, student, data and logs (default: a new temporary folder)")
+    ap.add_argument("--out", default="", help="also append the table to this file")
+    args = ap.parse_args()
+    import torch
+
+    import model as M
+    import train
+
+    if torch.cuda.device_count() < max(1, args.gpus):
+        sys.exit(f"train_speed.py: needs {max(1, args.gpus)} CUDA GPU(s), found {torch.cuda.device_count()} "
+                 f"(train.py's GPU defaults are what it measures)")
+    if args.mixer not in M.MIXERS[1:]:
+        sys.exit(f"train_speed.py: --mixer={args.mixer!r}: expected one of {', '.join(M.MIXERS[1:])}")
+    stages = args.stages.split(",")
+    if bad := [s for s in stages if s not in TARGETS]:
+        sys.exit(f"train_speed.py: --stages: {bad[0]!r} is not one of {', '.join(TARGETS)}")
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        sys.exit(f"train_speed.py: --lengths={args.lengths!r}: expected numbers such as 512,2048")
+    args.work = args.work or tempfile.mkdtemp(prefix="train_speed_")
+    paths = setup(args.work, args.mixer)
+    d = train.GPU_DEFAULTS
+    micro = d["batch_size"] * d["block_size"]  # tokens a micro-step
+
+    def emit(line):
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(line + "\n")
+
+    settings = " ".join(f"--{k}={v}" for k, v in d.items() if k not in ("max_iters", "eval_interval", "eval_iters",
+                                                                         "log_interval", "device", "peak_tflops"))
+    emit(f"## train.py speed, {args.mixer} student of SmolLM2-135M (random weights): "
+         f"{args.gpus} x {torch.cuda.get_device_name()}, "
+         f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n\nGPU defaults: {settings}; "
+         f"{args.steps} steps a run{'; ' + args.extra if args.extra else ''}\n")
+    emit("| stage | length x micro-batch | tokens/s | target | MFU | step | peak memory | run |")
+    emit("|---|---|---|---|---|---|---|---|")
+    per_token = {}
+    for length in lengths:
+        for stage in stages:
+            batch = max(1, micro // length)
+            try:
+                tok_s, mfu, ms, gib, secs = run(args, stage, length, batch, paths)
+            except RuntimeError as e:
+                emit(f"| {stage} | {length} x {batch} | failed: {e} | | | | | |")
+                continue
+            per_token[stage, length] = 1 / tok_s
+            ok = "" if length != 512 else " (met)" if tok_s >= TARGETS[stage] else " (not met)"
+            emit(f"| {stage} | {length} x {batch} | {tok_s:,.0f} | {TARGETS[stage]:,}{ok} | {mfu} | {ms:.0f} ms | "
+                 f"{gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | {secs:.0f} s |")
+    for length in lengths:
+        if ("3", length) in per_token and ("lm", length) in per_token:
+            r = per_token["3", length] / per_token["lm", length]
+            emit(f"\nlength {length}: the stage-3 step takes {r:.2f}x the teacher's own step per token "
+                 f"(target: at most {RATIO}x)")
+    print(f"logs: {args.work}")
+
+
+if __name__ == "__main__":
+    main()
