@@ -98,6 +98,18 @@ def rope_cos_sin(positions, head_dim, theta, device=None):
     return Rope(angles.cos(), angles.sin())
 
 
+def pick(logits, temperature=1.0, top_k=None):
+    """Next token ids [B] from logits [B, V]: the argmax at temperature 0, else a sample of the
+    softened distribution, restricted to the top_k most likely tokens when given."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
+
+
 class Rope(NamedTuple):
     """The rotary embedding of T positions: cos, sin [T, D]. rope(x) rotates x [B, T, H, D]."""
 
@@ -136,6 +148,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         q, k = rope(q), rope(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        if cache is not None and "slot_pos" in cache:  # one token against a static cache (decode.py)
+            return self.o_proj(self.static_step(q, k, v, cache).transpose(1, 2).reshape(B, T, -1))
         past = 0
         if cache is not None:  # decoding: append to the keys and values seen so far
             if "k" in cache:
@@ -162,6 +176,24 @@ class Attention(nn.Module):
                 y = att @ v  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, C)
         return self.o_proj(y)
+
+
+    def static_step(self, q, k, v, cache):
+        """Attention of one new token (q, k, v [B, H, 1, D]) over a cache of fixed length W, as
+        decode.py keeps it: keys and values [B, n_kv, W, D], written at slot pos % W, and
+        slot_pos [W] the position each slot holds (-1: empty); "pos" is the token's position, a
+        0-d tensor. No shape depends on pos, so the step can be captured in a CUDA graph."""
+        pos, slot_pos = cache["pos"], cache["slot_pos"]
+        slot = (pos % slot_pos.shape[0]).view(1)
+        cache["k"].index_copy_(2, slot, k.to(cache["k"].dtype))
+        cache["v"].index_copy_(2, slot, v.to(cache["v"].dtype))
+        slot_pos.index_copy_(0, slot, pos.view(1))
+        mask = (slot_pos >= 0) & (slot_pos <= pos)  # (W,): the slots this token sees
+        if self.window > 0:
+            mask = mask & (slot_pos > pos - self.window)
+        rep = self.n_head // self.n_kv_head
+        k, v = cache["k"].repeat_interleave(rep, dim=1), cache["v"].repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None, None, :])  # (B, H, 1, D)
 
 
 class MLP(nn.Module):
@@ -227,7 +259,8 @@ class SmolLM2(nn.Module):
 
     def rope(self, T, start=0, device=None):
         """The Rope of positions start .. start + T - 1."""
-        positions = torch.arange(start, start + T, device=device)  # made on the device: capturable in a CUDA graph
+        # made on the device, start an int or a 0-d tensor (decode.py's position): capturable in a CUDA graph
+        positions = torch.arange(T, device=device) + start
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
     def hidden(self, idx):
@@ -269,14 +302,7 @@ class SmolLM2(nn.Module):
         logits = self(idx, caches=caches, last_only=True)[:, -1, :]
         pos = idx.shape[1]
         for i in range(max_new_tokens):
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1)
-            else:
-                logits = logits.float() / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
+            nxt = pick(logits, temperature, top_k)
             yield nxt
             if i + 1 < max_new_tokens:  # no step past the last token
                 logits = self(nxt[:, None], caches=caches, start=pos)[:, -1, :]

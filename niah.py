@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 import checkpoint
+import decode
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 # task: (haystack, value type, title); the value type names the needle in RULER's templates
@@ -86,6 +87,7 @@ def get_args(argv=None):
     p.add_argument("--batch_size", type=int, default=None, help="prompts per forward (default 4 on CPU, 16 on GPU)")
     p.add_argument("--out_dir", default=None, help="where results go (default out/niah/<model name>)")
     p.add_argument("--seed", type=int, default=1337)
+    decode.add_args(p)
     a = p.parse_args(argv)
     try:
         default = "512,1024,2048,4096,8192" if a.full else "512,1024,2048"
@@ -197,20 +199,21 @@ def string_match(prediction, value):
 
 
 @torch.no_grad()
-def greedy(net, idx, max_new_tokens):
+def greedy(net, idx, max_new_tokens, fast=None):
     """Greedy continuation ids [B, max_new_tokens] of prompts idx [B, T]: the prompt goes through
-    once (teacher: KV cache; student: chunked form into its state), then one token per step."""
-    return torch.stack(list(net.generate(idx, max_new_tokens, temperature=0)), 1)
+    once (teacher: KV cache; student: chunked form into its state), then one token per step
+    (decode.generate: on a GPU from static caches and a CUDA graph, unless fast is False)."""
+    return torch.stack(list(decode.generate(net, idx, max_new_tokens, temperature=0, fast=fast)), 1)
 
 
-def model_answerer(net, tok, device):
+def model_answerer(net, tok, device, fast=None):
     """prompts (list of equal-length id lists), max_new -> answer strings, cut at end of turn."""
     stops = {tok.im_end_id, tok.eot_id}
 
     def answer(prompts, max_new):
         idx = torch.tensor(prompts, dtype=torch.long, device=device)  # (B, T)
         texts = []
-        for row in greedy(net, idx, max_new).tolist():
+        for row in greedy(net, idx, max_new, fast).tolist():
             cut = next((i for i, t in enumerate(row) if t in stops), len(row))
             texts.append(tok.decode(row[:cut]))
         return texts
@@ -312,7 +315,7 @@ def main(argv=None):
     print(f"{net.config.mixer} model ({name}), tasks {args.tasks}, lengths {args.lengths}, depths {args.depths}, "
           f"{args.samples} prompt(s) per cell, {args.device} {args.dtype}", file=sys.stderr)
     t0 = time.time()
-    records = run(model_answerer(net, tok, args.device), tok, haystacks, args.tasks, args.lengths, args.depths,
+    records = run(model_answerer(net, tok, args.device, decode.FAST[args.decoder]), tok, haystacks, args.tasks, args.lengths, args.depths,
                   args.samples, args.batch_size, not args.plain, args.seed)
     seconds = time.time() - t0
     acc = summarize(records)

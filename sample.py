@@ -8,7 +8,8 @@ Generate text from the teacher or from a student, streaming tokens as they come.
     python sample.py --mixer=kda --backend=naive --max_new_tokens=8   # its textbook recurrence
 
 Teachers decode with a key/value cache; students carry their recurrent state (and short-conv
-tail), so their memory does not grow with the length of the text.
+tail), so their memory does not grow with the length of the text. On a GPU the decoding step
+runs on static caches from a CUDA graph (decode.py; --decoder=plain: model.generate's loop).
 """
 
 import argparse
@@ -19,6 +20,7 @@ import time
 import torch
 
 import checkpoint
+import decode
 
 
 def get_args(argv=None):
@@ -31,6 +33,7 @@ def get_args(argv=None):
     p.add_argument("--top_k", type=int, default=50, help="0 = no top-k filtering")
     p.add_argument("--num_samples", type=int, default=1, help="samples drawn in one batch")
     p.add_argument("--seed", type=int, default=1337)
+    decode.add_args(p)
     args = p.parse_args(argv)
     if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1 or args.top_k < 0:
         p.error("temperature, max_new_tokens and top_k must be >= 0, num_samples >= 1")
@@ -57,7 +60,8 @@ def main(argv=None):
     done = torch.zeros(args.num_samples, dtype=torch.bool, device=args.device)
     stop_ids = torch.tensor(sorted(stops), device=args.device)
     t0, n = time.time(), 0
-    for nxt in net.generate(x, args.max_new_tokens, args.temperature, args.top_k or None):
+    for nxt in decode.generate(net, x, args.max_new_tokens, args.temperature, args.top_k or None,
+                               fast=decode.FAST[args.decoder]):
         n += 1
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
@@ -75,8 +79,11 @@ def main(argv=None):
         for i, ids_i in enumerate(out):
             text = tok.decode([t for t in ids_i if t not in stops])
             print(f"--- sample {i + 1}\n{args.prompt if args.chat is None else ''}{text}")
-    print(f"{n} steps x {args.num_samples} samples in {dt:.2f}s: {n * args.num_samples / max(dt, 1e-9):.1f} tokens/s "
-          f"({args.device}, {args.dtype})", file=sys.stderr)
+    fast = decode.FAST[args.decoder]
+    how = "static caches" + (", CUDA graph" if x.is_cuda else "") if (x.is_cuda if fast is None else fast) else "plain"
+    print(f"{n} steps x {args.num_samples} samples in {dt:.2f}s (prefill included): "
+          f"{n * args.num_samples / max(dt, 1e-9):.1f} tokens/s ({args.device}, {args.dtype}, {how} decoding)",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

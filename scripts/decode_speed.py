@@ -14,7 +14,9 @@ The teacher decodes as model.py runs it: each step appends to the cache and repe
 heads for the query heads, so it reads its whole cache at least twice, as simple decoders do.
 Each student runs in every form --backends names (on CUDA by default twice: through kernels.py,
 where a decoding step's state update is one fused kernel, and as PyTorch ops alone), which shows
-where the kernels pay. A model's first, untimed run at the shortest length warms it up. On a machine
+where the kernels pay, and every model through each of --decoders: fast (decode.py: static
+caches, and on CUDA the step replayed from a CUDA graph; its prefill column includes making the
+static caches and capturing the graph) and plain (model.py's loop, its caches growing). A model's first, untimed run at the shortest length warms it up. On a machine
 shared with other work, times wander: --rounds sweeps everything again and keeps the least. A row's step is
 the median of --steps synchronized steps after 2 warm-ups. Prints a markdown table as rows
 finish, appends it to --out and draws decode_speed.png beside it.
@@ -29,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import checkpoint  # noqa: E402
+import decode  # noqa: E402
 import mixers  # noqa: E402
 import model as M  # noqa: E402
 
@@ -72,6 +75,31 @@ def measure(net, L, B=1, steps=16, seed=0):
     return prefill, sorted(times)[len(times) // 2], cache_bytes(caches)
 
 
+@torch.no_grad()
+def measure_fast(net, L, B=1, steps=16, seed=0):
+    """measure() through decode.Decoder: static caches, and on CUDA the step replayed from a CUDA
+    graph. The prefill column counts the prompt, the static caches and the graph's capture."""
+    dev = next(net.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, net.config.vocab_size, (B, L), generator=gen).to(dev)
+    sync(dev)
+    t0 = time.perf_counter()
+    dec = decode.Decoder(net, prompt, steps + 2)
+    sync(dev)
+    prefill = time.perf_counter() - t0
+    tok = prompt[:, -1]
+    for _ in range(2):  # warm-up
+        dec.step(tok)
+    times = []
+    for _ in range(steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        dec.step(tok)
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    return prefill, sorted(times)[len(times) // 2], cache_bytes(dec.caches)
+
+
 def plot(rows, path):
     """Two panels against the context length: ms per step, and cache MiB."""
     import matplotlib
@@ -103,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--mixers", default="gated_deltanet", help=f"comma-separated students: any of {', '.join(M.MIXERS[1:])}")
     ap.add_argument("--backends", default=None, help=f"comma-separated forms each student runs in: any of "
                     f"{', '.join(mixers.BACKENDS)} (default: triton,torch on CUDA, torch otherwise)")
+    ap.add_argument("--decoders", default=None, help="comma-separated: fast (decode.py: static caches, on CUDA "
+                    "a CUDA graph) and plain (model.py's growing caches); default fast,plain on CUDA, plain otherwise")
     ap.add_argument("--lengths", default="256,1024,4096", help="context lengths, comma-separated")
     ap.add_argument("--B", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--steps", type=int, default=16, help="timed decoding steps per row")
@@ -115,6 +145,9 @@ def main(argv=None):
     ap.add_argument("--out", default="out/decode_speed.md", help="the table is appended here; the PNG goes beside it")
     args = ap.parse_args(argv)
     names = [m for m in args.mixers.split(",") if m]
+    decoders = [d for d in (args.decoders or ("fast,plain" if args.device.startswith("cuda") else "plain")).split(",") if d]
+    if set(decoders) - {"fast", "plain"}:
+        ap.error(f"--decoders={args.decoders!r}: expected fast and/or plain")
     backends = [b for b in (args.backends or ("triton,torch" if args.device.startswith("cuda") else "torch")).split(",") if b]
     try:
         for m in names:
@@ -147,6 +180,8 @@ def main(argv=None):
             runs.append((m, student, None))
         else:
             runs += [(f"{m}, {b}" if len(backends) > 1 else m, student, b) for b in backends]
+    runs = [(f"{name}, {d}" if len(decoders) > 1 else name, net, b, measure_fast if d == "fast" else measure)
+            for name, net, b in runs for d in decoders]
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {where}, {time.strftime('%Y-%m-%d')}\n")
     emit("| model | context | prefill | decoding step | tokens/s | cache |")
@@ -154,12 +189,12 @@ def main(argv=None):
     rows, best = [], {}
     try:
         for r in range(args.rounds):
-            for name, net, backend in runs:
+            for name, net, backend, timer in runs:
                 net.to(dev, dtype).eval().set_backend(backend)
                 if r == 0:
-                    measure(net, min(lengths), args.B, steps=1)  # warm-up: first calls, kernel compiles
+                    timer(net, min(lengths), args.B, steps=1)  # warm-up: first calls, kernel compiles
                 for L in lengths:
-                    now = measure(net, L, args.B, args.steps)
+                    now = timer(net, L, args.B, args.steps)
                     print(f"round {r + 1}/{args.rounds}: {name}, {L} tokens: step {1000 * now[1]:.2f} ms",
                           file=sys.stderr, flush=True)
                     prefill, step, nbytes = best[name, L] = [min(a, b) for a, b in zip(best.get((name, L), now), now)]

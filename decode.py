@@ -1,0 +1,135 @@
+"""
+Fast decoding: the one-token step of any model (teacher, student, hybrid) on static caches, and
+on a GPU replayed from a CUDA graph.
+
+    for nxt in decode.generate(net, idx, 32, temperature=0):    # what sample.py and niah.py call
+        ...
+
+A plain decoding step (model.SmolLM2.generate) launches every kernel of every layer from Python,
+and at 135M parameters and a small batch the GPU mostly waits for the host. Here the prompt goes
+through once as before (chunked forms, FlashAttention), then the caches become buffers whose
+shapes never change:
+  - a mixer's recurrent state and conv tail keep their shapes: a step writes the new ones over
+    the old (copy_);
+  - softmax attention keeps its keys and values in a buffer of fixed length W (the prompt and
+    every token to come, or the window of sliding-window attention) written at slot pos % W,
+    with each slot's position beside it, and attends over the whole buffer, masked to the slots
+    the token may see (model.Attention.static_step; gpt-fast's static KV cache).
+One step (the model on the last token at position pos, the caches updated, pos advanced) is
+captured once in a CUDA graph and replayed for every token; sampling stays outside it. On a CPU
+the same static step runs eagerly: the tests compare it with model.SmolLM2.generate.
+
+References:
+1) meta-pytorch/gpt-fast, generate.py (a static KV cache; the decoding step under CUDA graphs)
+2) PyTorch, "CUDA Graphs" in the CUDA semantics notes (warm-up on a side stream, static inputs
+   and outputs, capture records and does not run)
+"""
+
+import torch
+
+import model as M
+
+
+def static_caches(net, caches, T, total):
+    """Turn the caches of a prefill of T tokens into static ones for decoding up to `total`
+    positions (in place); returns the position tensor they share, at T."""
+    dev = next(net.parameters()).device
+    pos = torch.tensor(T, device=dev)
+    for block, cache in zip(net.model.layers, caches):
+        attn = block.self_attn
+        if not isinstance(attn, M.Attention):
+            continue  # a mixer's state and conv tail are static as they are
+        k, v = cache["k"], cache["v"]  # (B, n_kv, n, D): the last n positions of the prompt
+        W = min(attn.window, total) if attn.window > 0 else total
+        B, H, n, D = k.shape
+        positions = torch.arange(T - n, T, device=dev)
+        slots = positions % W
+        cache["k"], cache["v"] = k.new_zeros(B, H, W, D), v.new_zeros(B, H, W, D)
+        cache["k"][:, :, slots], cache["v"][:, :, slots] = k, v
+        cache["slot_pos"] = torch.full((W,), -1, dtype=torch.long, device=dev)
+        cache["slot_pos"][slots] = positions
+        cache["pos"] = pos
+    return pos
+
+
+class Decoder:
+    """One batch of prompts idx [B, T] read, then decoded a token at a time.
+
+    Decoder(net, idx, max_new_tokens).logits are the prompt's next-token logits [B, V];
+    step(tokens [B]) feeds one token a sequence and returns the next logits [B, V] (a buffer that
+    the next step overwrites). graph: capture the step in a CUDA graph (default: on CUDA)."""
+
+    @torch.no_grad()
+    def __init__(self, net, idx, max_new_tokens, graph=None):
+        self.net = net
+        B, T = idx.shape
+        self.caches = [dict() for _ in net.model.layers]
+        self.logits = net(idx, caches=self.caches, last_only=True)[:, -1]
+        self.pos = static_caches(net, self.caches, T, T + max_new_tokens)
+        self.tok = idx.new_zeros(B, 1)  # the step's input: every step copies its tokens in here
+        self.graph = None
+        if idx.is_cuda if graph is None else graph:
+            self.capture()
+
+    def _step(self):
+        work = [dict(c) for c in self.caches]  # the layers put their new tensors here
+        logits = self.net(self.tok, caches=work, start=self.pos)[:, -1]
+        for cache, new in zip(self.caches, work):
+            for key, t in new.items():
+                if t is not cache[key]:
+                    cache[key].copy_(t)
+        self.pos += 1
+        return logits
+
+    def capture(self):
+        """Record _step in a CUDA graph: two warm-up steps on a side stream (first calls compile
+        Triton kernels and create cuBLAS handles, which a capture may not), the caches put back
+        as they were, then the capture itself, which records and runs nothing."""
+        saved = [{k: t.clone() for k, t in c.items() if k != "pos"} for c in self.caches]
+        pos = self.pos.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        for cache, old in zip(self.caches, saved):
+            for k, t in old.items():
+                cache[k].copy_(t)
+        self.pos.copy_(pos)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._step()
+
+    @torch.no_grad()
+    def step(self, tokens):
+        self.tok.copy_(tokens.view(-1, 1))
+        if self.graph is None:
+            return self._step()
+        self.graph.replay()
+        return self.out
+
+
+FAST = {"auto": None, "fast": True, "plain": False}  # --decoder's choices -> generate's fast
+
+
+def add_args(p):
+    """--decoder, for the scripts that generate (sample.py, niah.py)."""
+    p.add_argument("--decoder", default="auto", choices=list(FAST),
+                   help="fast: static caches, the step replayed from a CUDA graph on a GPU; plain: "
+                        "model.generate's growing caches; auto: fast on CUDA, plain otherwise")
+
+
+def generate(net, idx, max_new_tokens, temperature=1.0, top_k=None, fast=None):
+    """model.SmolLM2.generate's tokens (next ids [B], one step at a time), through a Decoder when
+    fast (default: on CUDA, with a CUDA graph), else through the plain, dynamic caches."""
+    if not (idx.is_cuda if fast is None else fast):
+        yield from net.generate(idx, max_new_tokens, temperature, top_k)
+        return
+    dec = Decoder(net, idx, max_new_tokens)
+    logits = dec.logits
+    for i in range(max_new_tokens):
+        nxt = M.pick(logits, temperature, top_k)
+        yield nxt
+        if i + 1 < max_new_tokens:
+            logits = dec.step(nxt)

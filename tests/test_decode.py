@@ -1,0 +1,81 @@
+"""decode.py: decoding on static caches gives model.SmolLM2.generate's tokens and logits, for the
+teacher, sliding-window attention (window inside and beyond the context), every student and a
+hybrid; its buffers keep their shapes and storage from step to step; on a GPU the same from a
+CUDA graph."""
+
+import functools
+
+import pytest
+import torch
+
+import checkpoint
+import decode
+import model as M
+
+CUDA = torch.cuda.is_available()
+CFG = dict(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64)
+
+
+@functools.lru_cache(maxsize=None)
+def nets(device="cpu"):
+    torch.manual_seed(0)
+    teacher = M.SmolLM2(M.Config(**CFG))
+    out = {"teacher": teacher}
+    for m in M.MIXERS[1:]:
+        out[m] = checkpoint.student_from_teacher(teacher, m, window=5) if m == "swa" else \
+            checkpoint.student_from_teacher(teacher, m)
+    out["swa, window past the context"] = checkpoint.student_from_teacher(teacher, "swa", window=64)
+    out["hybrid"] = checkpoint.student_from_teacher(teacher, "gated_deltanet", softmax_layers=(1,))
+    return {k: v.to(device).eval() for k, v in out.items()}
+
+
+def plain_logits(net, idx, tokens):
+    """The logits before each of tokens [B, n] through model.py's own caches (which grow)."""
+    caches = [dict() for _ in net.model.layers]
+    out = [net(idx, caches=caches, last_only=True)[:, -1]]
+    for i in range(tokens.shape[1] - 1):
+        out.append(net(tokens[:, i:i + 1], caches=caches, start=idx.shape[1] + i)[:, -1])
+    return torch.stack(out, 1)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", list(nets()))
+def test_static_caches_decode_as_the_plain_loop(name):
+    net = nets()[name]
+    idx = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(1))
+    want = torch.stack(list(net.generate(idx, 12, temperature=0)), 1)
+    got = torch.stack(list(decode.generate(net, idx, 12, temperature=0, fast=True)), 1)
+    assert torch.equal(got, want)
+    dec = decode.Decoder(net, idx, 12, graph=False)
+    logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(11)]
+    torch.testing.assert_close(torch.stack(logits, 1), plain_logits(net, idx, want), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_static_buffers_keep_their_storage_and_shapes():
+    for name in ("teacher", "swa", "gated_deltanet"):
+        net = nets()[name]
+        dec = decode.Decoder(net, torch.zeros(2, 9, dtype=torch.long), 6, graph=False)
+        before = [{k: (t.data_ptr(), t.shape) for k, t in c.items()} for c in dec.caches]
+        for _ in range(5):
+            dec.step(torch.ones(2, dtype=torch.long))
+        assert [{k: (t.data_ptr(), t.shape) for k, t in c.items()} for c in dec.caches] == before
+        assert dec.pos.item() == 14
+        if name != "gated_deltanet":  # attention: a buffer of every position to come, or of the window
+            assert dec.caches[0]["k"].shape[2] == (15 if name == "teacher" else 5)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@torch.no_grad()
+@pytest.mark.parametrize("name", list(nets()))
+def test_graphed_step_on_gpu_gives_the_plain_tokens(name):
+    # fp32 on the GPU (bf16 ties could flip an argmax): the CUDA graph replays the static step
+    net = nets("cuda")[name]
+    idx = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(1)).cuda()
+    want = torch.stack(list(net.generate(idx, 16, temperature=0)), 1)
+    dec = decode.Decoder(net, idx, 16)
+    assert dec.graph is not None
+    got = torch.stack(list(decode.generate(net, idx, 16, temperature=0)), 1)
+    assert torch.equal(got, want)
+    logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(15)]
+    torch.testing.assert_close(torch.stack(logits, 1), plain_logits(net, idx, want), rtol=1e-3, atol=1e-3)
