@@ -24,6 +24,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -215,8 +216,12 @@ def _gguf_cached(path):
             json.dump(config.to_dict(), f)
         os.replace(wpath + ".tmp", wpath)
         os.replace(cpath + ".tmp", cpath)
-    except OSError:
-        pass  # a read-only home only makes the next load slower
+    except Exception as e:  # a full or read-only disk (OSError, SafetensorError): the cache is only an optimization
+        for tmp in (wpath + ".tmp", cpath + ".tmp"):
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        print(f"could not cache the converted weights under {folder} ({type(e).__name__}: {e}); "
+              f"going on without the cache", file=sys.stderr)
     return config, state
 
 
@@ -250,9 +255,45 @@ def save(path, model, **extra):
     raw = getattr(raw, "_orig_mod", raw)
     state = {k: v for k, v in raw.state_dict().items() if not (raw.config.tie_embeddings and k == "lm_head.weight")}
     blob = {"config": raw.config.to_dict(), "model": state, **extra}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(blob, path + ".tmp")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    need, free = _nbytes(blob), shutil.disk_usage(folder).free
+    if need > free:
+        raise OSError(f"{path}: the checkpoint needs about {need / 2**30:.2f} GiB and {folder} has "
+                      f"{free / 2**30:.2f} GiB free; make room or write elsewhere (--out_dir)")
+    try:
+        torch.save(blob, path + ".tmp")
+    except Exception as e:  # a full disk shows as an error of torch's zip writer
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        free = shutil.disk_usage(folder).free
+        raise OSError(f"{path}: could not write the checkpoint ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                      f"{free / 2**30:.2f} GiB free there; the partial file is removed and the previous "
+                      f"checkpoint, if any, is intact") from None
     os.replace(path + ".tmp", path)
+
+
+def check_writable(folder, what):
+    """A ValueError naming `what` (the setting) unless files can be written in folder (made if
+    missing): found before the long work, not when its results are to be saved."""
+    try:
+        os.makedirs(folder or ".", exist_ok=True)
+        probe = os.path.join(folder or ".", f".probe{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(f"{what}: cannot write in {folder or '.'} ({e.strerror or e})") from None
+
+
+def _nbytes(obj):
+    """Bytes of the tensors inside nested dicts, lists and tuples."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
 
 
 def read(init_from):
@@ -271,6 +312,10 @@ def read(init_from):
             raise ValueError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from None
         if not isinstance(blob, dict) or "config" not in blob or "model" not in blob:
             raise ValueError(f"{path}: not a checkpoint of this project (no config and model)")
+        bad = [k for k, v in blob["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"{path}: {len(bad)} weight tensors are not finite ({bad[0]}, ...): the run that "
+                             f"wrote it diverged; start from an earlier checkpoint")
         return M.Config.from_dict(blob["config"]), blob["model"]
     raise ValueError(f"{path}: unknown checkpoint format (expected a .gguf file, a .pt checkpoint "
                      f"or a Hugging Face snapshot folder)")
@@ -346,6 +391,8 @@ def load_from_args(args):
     """(model in eval mode, tokenizer) from the options add_args() added; a bad setting or a
     missing or bad checkpoint ends the script with a one-line message instead of a traceback."""
     try:
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device={args.device}: no CUDA GPU here (--device=cpu runs on the CPU)")
         if args.mixer:
             M.check_mixer(args.mixer)
         mixers.check_backend(args.backend, args.device)

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 import checkpoint
+from data import read_tokens
 from data.mc_offline import prepare as mc
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -80,6 +81,9 @@ def get_args(argv=None):
     args.task_list = [t for t in args.tasks.split(",") if t]
     if args.mc_limit < 0:
         p.error(f"--mc_limit={args.mc_limit}: give a number of questions, or 0 for all")
+    for key in ("seq_len", "max_windows", "batch_size"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key}={getattr(args, key)}: expected an integer >= 1")
     unknown = [t for t in args.task_list if t not in NAMES]
     if args.mc_source == "hub" and unknown:
         p.error(f"--tasks: {', '.join(unknown)} not on the hub path; known: {TASKS}")
@@ -339,12 +343,23 @@ def main(argv=None):
     if missing:  # before any work: the perplexity pass takes minutes on a CPU
         sys.exit(f"error: {args.mc_dir} has no {', '.join(missing)}: run python data/mc_offline/prepare.py "
                  f"(offline tasks: {TASKS})")
+    try:  # before the long work: the held-out file's shape, and where the report goes
+        if len(read_tokens(args.data)) <= args.seq_len:
+            raise ValueError(f"{args.data}: {len(read_tokens(args.data))} tokens, fewer than one window of "
+                             f"--seq_len={args.seq_len}")
+        if args.out:
+            checkpoint.check_writable(os.path.dirname(args.out), f"--out={args.out}")
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
     torch.manual_seed(0)  # an untrained student's new layers: the same draws every run
     net, tok = checkpoint.load_from_args(args)
     try:
         student = net.config.mixer != "attention"
         teacher = checkpoint.load(args.teacher, dtype=dtype, device=args.device).eval() if student and args.teacher != "none" else None
-        data = np.memmap(args.data, dtype=np.uint16, mode="r")
+        if teacher is not None and teacher.config.mixer != "attention":
+            raise ValueError(f"--teacher={args.teacher} holds a {teacher.config.mixer} student, not a softmax-attention "
+                             f"teacher ('none' skips the teacher)")
+        data = read_tokens(args.data, net.config.vocab_size)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     label = args.mixer or args.init_from

@@ -49,6 +49,7 @@ import torch
 
 import checkpoint
 import decode
+from data import read_tokens
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 # task: (haystack, value type, title); the value type names the needle in RULER's templates
@@ -96,8 +97,10 @@ def get_args(argv=None):
     except ValueError as e:
         p.error(f"--lengths and --depths are comma-separated numbers: {e}")
     a.tasks = a.tasks.split(",")
-    a.samples = a.samples or (30 if a.full else 1)
-    a.batch_size = a.batch_size or (16 if a.device.startswith("cuda") else 4)
+    a.samples = (30 if a.full else 1) if a.samples is None else a.samples
+    a.batch_size = (16 if a.device.startswith("cuda") else 4) if a.batch_size is None else a.batch_size
+    if a.samples < 1 or a.batch_size < 1:
+        p.error(f"--samples={a.samples} and --batch_size={a.batch_size}: expected integers >= 1")
     if set(a.tasks) - set(TASKS) or not all(0 <= d <= 100 for d in a.depths) or min(a.lengths) < 128:
         p.error(f"--tasks must be among {', '.join(TASKS)}, depths in 0..100, lengths >= 128")
     return a
@@ -139,10 +142,10 @@ class Haystack:
         return cls(tok, tok.encode("\n" + NOISE), lines=True)  # one line; sample() repeats it
 
     @classmethod
-    def essays(cls, tok, path):
+    def essays(cls, tok, path, vocab_size=None):
         r"""Held-out documents with every whitespace run made one space and run together, as RULER
         does with its essays (re.sub(r"\s+", " ", essay)): prose on one line, code and tables too."""
-        ids = np.fromfile(path, dtype=np.uint16)
+        ids = np.asarray(read_tokens(path, vocab_size))
         docs = np.split(ids, np.nonzero(ids == tok.eot_id)[0] + 1)  # each ends with its 0
         texts = (" ".join(tok.decode(d[d != tok.eot_id].tolist()).split()) for d in docs)
         return cls(tok, tok.encode(" ".join(t for t in texts if t)))
@@ -304,14 +307,25 @@ def heatmap(acc, tasks, lengths, depths, path, title):
 
 def main(argv=None):
     args = get_args(argv)
-    if any(TASKS[t][0] == "essay" for t in args.tasks) and not os.path.exists(args.data):
+    essays = any(TASKS[t][0] == "essay" for t in args.tasks)
+    if essays and not os.path.exists(args.data):
         sys.exit(f"error: {args.data} not found: build it with {PREPARE} (or run --tasks=s_niah_1)")
-    torch.manual_seed(args.seed)
-    net, tok = checkpoint.load_from_args(args)
     name = args.mixer or os.path.splitext(os.path.basename(args.init_from.rstrip("/")))[0]
     out_dir = args.out_dir or os.path.join("out", "niah", name)
+    try:  # before any model loads or prompt runs: the results must have somewhere to go
+        checkpoint.check_writable(out_dir, f"--out_dir={out_dir}")
+        if essays:
+            read_tokens(args.data)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    torch.manual_seed(args.seed)
+    net, tok = checkpoint.load_from_args(args)
     kinds = {TASKS[t][0] for t in args.tasks}
-    haystacks = {k: Haystack.noise(tok) if k == "noise" else Haystack.essays(tok, args.data) for k in kinds}
+    try:
+        haystacks = {k: Haystack.noise(tok) if k == "noise" else Haystack.essays(tok, args.data, net.config.vocab_size)
+                     for k in kinds}
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     print(f"{net.config.mixer} model ({name}), tasks {args.tasks}, lengths {args.lengths}, depths {args.depths}, "
           f"{args.samples} prompt(s) per cell, {args.device} {args.dtype}", file=sys.stderr)
     t0 = time.time()

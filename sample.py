@@ -37,6 +37,8 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1 or args.top_k < 0:
         p.error("temperature, max_new_tokens and top_k must be >= 0, num_samples >= 1")
+    if args.chat is None and not args.prompt:  # no token to continue from
+        p.error("--prompt is empty: give some text to continue, or --chat=<a message>")
     return args
 
 

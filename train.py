@@ -142,7 +142,12 @@ def settings(argv):
     s = Settings(**{**(GPU_DEFAULTS if on_gpu else {}), **given})
     state = None  # this stage's own checkpoint (optimizer, step, history)
     if s.resume and os.path.exists(ckpt_path(s)):
-        state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)
+            state["settings"], state["step"]
+        except Exception as e:
+            fail(f"{ckpt_path(s)}: cannot resume from it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                 f"--resume=false starts this stage over")
         known = {f.name for f in fields(Settings)}  # a setting since removed is dropped
         s = Settings(**{**{k: v for k, v in state["settings"].items() if k in known}, **given})
     if s.stage not in distill.STAGES:
@@ -156,7 +161,22 @@ def settings(argv):
             fail(f"--{key}={getattr(s, key)!r}: {e}")
     if s.softmax_layers and not all(i.strip().isdigit() for i in s.softmax_layers.split(",")):
         fail(f"--softmax_layers={s.softmax_layers!r}: expected layer numbers such as 7,15,23")
+    for key, ok, want in RANGES:
+        if not ok(getattr(s, key)):
+            fail(f"--{key}={getattr(s, key)!r}: expected {want}")
+    if s.device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device={s.device}: no CUDA GPU here (--device=cpu runs on the CPU)")
     return s, state
+
+
+# settings with a range: (key, test, what the error says is expected)
+RANGES = [(k, lambda v: v >= 1, "an integer >= 1") for k in (
+    "block_size", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "window")] + [
+    (k, lambda v: v >= 0, "a number >= 0") for k in (
+        "max_iters", "learning_rate", "weight_decay", "grad_clip", "ce_weight", "kl_weight", "profile", "peak_tflops")] + [
+    (k, lambda v: 0 <= v <= 1, "a number from 0 to 1") for k in ("warmup_frac", "decay_frac", "min_lr_frac")] + [
+    (k, lambda v: 0 <= v < 1, "a number from 0 to below 1") for k in ("beta1", "beta2")] + [
+    ("temperature", lambda v: v > 0, "a number > 0")]
 
 
 def resolve(s, tokens_per_step):
@@ -311,9 +331,17 @@ def main(argv=None):
         train_data, val_data = (Data(s.data_dir, split, s.block_size, chat) for split in ("train", "val"))
     except (FileNotFoundError, ValueError) as e:
         fail(e)
+    if master:  # found now, not at the first checkpoint
+        try:
+            checkpoint.check_writable(os.path.dirname(ckpt_path(s)), f"--out_dir={s.out_dir}")
+        except ValueError as e:
+            fail(e)
 
     # the teacher (frozen) and the student
     teacher = load(s.teacher, "--teacher")
+    if teacher.config.mixer != "attention" or teacher.config.softmax_layers:
+        fail(f"--teacher={s.teacher} holds a {teacher.config.mixer} student, not a softmax-attention model; the "
+             f"teacher is a GGUF, a snapshot, a hub id or a checkpoint of --mixer=attention")
     student = build_student(s, teacher, state is not None).set_backend(s.backend or None)
     for k in ("vocab_size", "n_layer", "n_embd"):
         if getattr(student.config, k) != getattr(teacher.config, k):
@@ -353,16 +381,37 @@ def main(argv=None):
         f"({count(s.max_iters * tokens_per_step)}) | lr {s.learning_rate:g} {s.schedule} | "
         f"{world} x {device} {s.dtype} | data {s.data_dir}")
 
+    # the first step whose loss or gradient norm is not finite, kept on the device (no sync a
+    # step) and read where the loop waits for the device anyway: log lines, evals
+    bad_step = torch.full((), -1, dtype=torch.long, device=device)
+    saved_step, low, warned = (step or None), math.inf, False  # step > 0: resumed from that checkpoint
+
+    def stop_if_diverged(loss_val=None):
+        first = int(bad_step)
+        if first < 0 and (loss_val is None or math.isfinite(loss_val)):
+            return
+        kept = f"{ckpt_path(s)} keeps the weights of step {saved_step}" if saved_step else "no checkpoint was written"
+        fail(f"step {first + 1 if first >= 0 else step}: the loss or the gradient norm is not finite; stopped, and "
+             f"{kept}. The learning rate ({s.learning_rate:g}) is likely too high: lower --learning_rate"
+             f"{'' if s.grad_clip > 0 else ', or clip with --grad_clip=1'}")
+
     def eval_and_save():  # rank 0 only: eval, checkpoint, plot
+        nonlocal saved_step
+        stop_if_diverged()  # never a non-finite checkpoint over a finite one
         t0 = time.time()
         metrics = distill.evaluate(loss_model, teacher, val_batches, ctx)
+        stop_if_diverged(metrics["loss"])
         history["val"].append({"step": step, **metrics})
         mem = f" | peak mem {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if dev_type == "cuda" else ""
         log(f"eval step {step}: val loss {metrics['loss']:.4f} | ppl {math.exp(metrics['ce']):.2f} "
             f"(teacher {math.exp(metrics['teacher_ce']):.2f}) | KL {metrics['kl']:.4f} | "
             f"top-1 agreement {metrics['top1']:.1%}{mem} | {time.time() - t0:.1f} s")
         if step > 0:  # step 0 is where the student starts: nothing to keep yet
-            save(ckpt_path(s), student, optimizer, step, s, history)
+            try:
+                save(ckpt_path(s), student, optimizer, step, s, history)
+            except OSError as e:
+                fail(e)
+            saved_step = step
         plot(history, ckpt_path(s)[:-3] + ".png")
 
     if master and step == 0 and not s.profile:
@@ -390,8 +439,13 @@ def main(argv=None):
                     loss, parts = train_model(x, y, t_out)
                 (loss / s.grad_accum).backward()  # gradients add up over micro-steps: their mean
             loss_sum = loss_sum + parts["loss"] / s.grad_accum  # a device tensor: no sync here
+        grads = [p.grad for _, p in params if p.grad is not None]
         if s.grad_clip > 0:  # on the averaged gradient, after DDP's all-reduce
-            torch.nn.utils.clip_grad_norm_([p for _, p in params], s.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_([p for _, p in params], s.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
+        finite = torch.isfinite(norm.to(bad_step.device)) & torch.isfinite(torch.as_tensor(loss_sum, device=bad_step.device))
+        bad_step = torch.where((bad_step < 0) & ~finite, step, bad_step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -411,6 +465,13 @@ def main(argv=None):
             break
         if step % s.log_interval == 0 or step == s.max_iters:
             loss_val = float(loss_sum)  # waits for the device
+            if master:
+                stop_if_diverged(loss_val)
+            if not warned and loss_val > 10 * low:
+                log(f"warning: the loss rose from {low:.4g} to {loss_val:.4g} by step {step}; the learning rate "
+                    f"({lr:.2e} now) may be too high")
+                warned = True
+            low = min(low, loss_val)
             history["train"].append((step, loss_val))
             now = time.time()
             dt = (now - t_last) / (step - step_last)  # seconds per step since the last line

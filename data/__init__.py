@@ -18,6 +18,21 @@ def need(path):
         raise FileNotFoundError(f"{path} not found; {how}")
 
 
+def read_tokens(path, vocab_size=None):
+    """The uint16 token ids of a .bin file, memory-mapped, after checking the file: it exists,
+    its size is even and not zero, and (given vocab_size) every id is inside the vocabulary."""
+    need(path)
+    size = os.path.getsize(path)
+    if size == 0 or size % 2:
+        raise ValueError(f"{path}: {size} bytes, not a file of uint16 tokens (empty or of odd size: cut short, "
+                         f"or another format); rebuild it with its prepare.py")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    if vocab_size is not None and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"{path}: token id {int(tokens.max())} is outside the model's vocabulary ({vocab_size}): "
+                         f"made with another tokenizer?")
+    return tokens
+
+
 class Data:
     """Windows of block_size + 1 tokens from <data_dir>/<split>.bin.
 
@@ -28,9 +43,12 @@ class Data:
     def __init__(self, data_dir, split, block_size, chat):
         self.path, self.T, self.chat = os.path.join(data_dir, f"{split}.bin"), block_size, chat
         self.mask_path = os.path.join(data_dir, f"{split}_mask.bin")
-        for p in [self.path] + ([self.mask_path] if chat else []):
-            need(p)
-        tokens = np.memmap(self.path, dtype=np.uint16, mode="r")
+        tokens = read_tokens(self.path)
+        if chat:
+            need(self.mask_path)
+            if os.path.getsize(self.mask_path) != len(tokens):
+                raise ValueError(f"{self.mask_path}: {os.path.getsize(self.mask_path)} mask bytes for {len(tokens)} "
+                                 f"tokens in {self.path}; the two must match: rebuild them together")
         if len(tokens) <= block_size + 1:
             raise ValueError(f"{self.path}: {len(tokens)} tokens, fewer than one window of --block_size={block_size}")
         self.max_id = int(tokens.max())  # checked against the vocabulary once the model is loaded
