@@ -217,6 +217,11 @@ def test_a_student_is_not_a_teacher(setup, tmp_path):
     checkpoint.save(path, checkpoint.student_from_teacher(tiny_teacher(), MIXER))
     msg = stops(args(setup, stage="1", teacher=path, out_dir=tmp_path / "out"))
     assert f"--teacher={path} holds a {MIXER} student" in msg
+    r = subprocess.run([sys.executable, "evaluate.py", f"--init_from={path}", f"--teacher={path}", "--tasks=",
+                        f"--data={setup / 'data' / 'val.bin'}", "--device=cpu", "--dtype=float32"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith(f"error: --teacher={path} holds a {MIXER} student"), r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
 
 
 def test_an_empty_prompt_is_refused_before_the_model_loads():
