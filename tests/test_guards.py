@@ -17,26 +17,10 @@ import checkpoint
 import model as M
 import train
 from data import Data, read_tokens
-from test_train import MIXER, args, tiny_teacher, write_corpus
+from test_train import MIXER, args, one_thread, setup, tiny_teacher, write_corpus  # noqa: F401 (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.cuda.is_available()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("guards")
-    checkpoint.save(str(root / "teacher.pt"), tiny_teacher())
-    write_corpus(str(root / "data"))
-    return root
 
 
 def stops(argv, capsys=None):
