@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = torch.cuda.is_available()
 
 
-def stops(argv, capsys=None):
+def stops(argv):
     """train.main's one-line message (it exits through SystemExit with a string)."""
     with pytest.raises(SystemExit) as e:
         train.main(argv)
