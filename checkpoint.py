@@ -199,8 +199,11 @@ def _gguf_cached(path):
     """read_gguf, with the converted weights cached as safetensors next to a config.json."""
     from safetensors.torch import load_file, save_file
 
-    st = os.stat(path)
-    key = hashlib.sha256(f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256()  # of the content: every clone's copy of the same file shares one cache
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    key = digest.hexdigest()[:16]
     folder = os.path.join(CACHE_DIR, f"gguf-{key}")
     wpath, cpath = os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")
     if os.path.exists(wpath) and os.path.exists(cpath):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes .venv with everything the project imports, and the offline teacher.
-#   bash install.sh       the product: torch (CPU wheel pinned), triton, tiktoken, numpy, ...
+#   bash install.sh       the product: torch 2.13.0 (its CPU build: see the README), triton, tiktoken, numpy, ...
 #   bash install.sh dev   plus the test runner and the test oracles (transformers, tokenizers)
 set -euo pipefail
 cd "$(dirname "$0")"

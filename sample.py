@@ -3,7 +3,7 @@ Generate text from the teacher or from a student, streaming tokens as they come.
 
     python sample.py --prompt="The capital of France is"
     python sample.py --chat="Give me three tips for sleeping well."
-    python sample.py --init_from=out/gated_deltanet/ckpt.pt --chat="Hi!"
+    python sample.py --init_from=out/gated_deltanet/stage3.pt --chat="Hi!"
     python sample.py --mixer=gated_deltanet --prompt="Hello"   # untrained student from the teacher
     python sample.py --mixer=kda --backend=naive --max_new_tokens=8   # its textbook recurrence
 

@@ -241,11 +241,27 @@ def write_chats(out_dir, options, chats, tok, val_fraction, max_tokens=None, nam
 # Sources: a hub dataset streamed through `datasets`, or a local file in the same format
 
 
+def _fraction(text):
+    """argparse type: a number strictly between 0 and 1."""
+    v = float(text)
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected a fraction between 0 and 1")
+    return v
+
+
+def _count(text):
+    """argparse type: an integer >= 0."""
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected an integer >= 0")
+    return v
+
+
 def parser(doc, here, val_fraction, unit):
     """The options every prepare script has: where the bins go, the val share, the vocabulary."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out_dir", default=here, help="where the bins and meta.json go")
-    p.add_argument("--val_fraction", type=float, default=val_fraction, help=f"share of {unit} in val")
+    p.add_argument("--val_fraction", type=_fraction, default=val_fraction, help=f"share of {unit} in val")
     p.add_argument("--tokenizer", default="default", help="load_tokenizer() argument")
     p.add_argument("--force", action="store_true", help="rebuild even if already prepared")
     return p
@@ -258,7 +274,7 @@ def hub_corpus(argv, doc, here, dataset, config, max_tokens, val_fraction, unit)
     p.add_argument("--source", default="", help="local .jsonl/.parquet file or folder; empty: the hub")
     p.add_argument("--dataset", default=dataset, help="hub dataset")
     p.add_argument("--config", default=config, help="hub config")
-    p.add_argument("--max_tokens", type=int, default=max_tokens, help="stop after this many tokens (0: all)")
+    p.add_argument("--max_tokens", type=_count, default=max_tokens, help="stop after this many tokens (0: all)")
     args = p.parse_args(argv)
     where = os.path.abspath(args.source) if args.source else f"{args.dataset}:{args.config}"
     options = {"source": where, "max_tokens": args.max_tokens, "val_fraction": args.val_fraction,

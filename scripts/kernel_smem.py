@@ -166,6 +166,8 @@ def main():
     a = ap.parse_args()
     if a.compile:
         return compile_stdin()
+    if a.jobs < 1:
+        ap.error(f"--jobs={a.jobs}: expected an integer >= 1")
     known = {"dtypes": {"fp32", "bf16"}, "families": {"additive", "delta", "glue"}}
     for key, valid in known.items():
         if set(getattr(a, key).split(",")) - valid:

@@ -16,10 +16,11 @@
 # Environment: CORPORA (default "modern offline", folders under data/), CES (stage-3 CE weights,
 # default "1 0"; the offline corpus runs only the first), STEPS (three step counts), BATCH
 # (micro-batch, default 64), MC_LIMIT (questions per task, default 1000; 0 = all), NIAH (niah.py
-# settings, default lengths 512,1024,2048 with 10 prompts a cell), OUT (default out/recipe),
-# CK (checkpoints, default $OUT/ckpt; on a machine whose $OUT is copied back, somewhere else),
-# PY, EXTRA (appended to every train.py run). Needs the corpora (data/<corpus>/prepare.py) and
-# the task files (data/mc_offline/prepare.py).
+# settings, default lengths 512,1024,2048 with 10 prompts a depth, 50 a length), OUT (default
+# out/recipe), CK (checkpoints, default $OUT/ckpt; on a machine whose $OUT is copied back,
+# somewhere else), PY (default .venv/bin/python when it exists, else python3), EXTRA (appended
+# to every train.py run). Needs the corpora (data/<corpus>/prepare.py) and the task files
+# (data/mc_offline/prepare.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/recipe}
@@ -30,7 +31,7 @@ read -r S1 S2 S3 <<< "${STEPS:-150 150 400}"
 BATCH=${BATCH:-64}
 MC_LIMIT=${MC_LIMIT:-1000}
 NIAH=${NIAH:---lengths=512,1024,2048 --samples=10}
-PY=${PY:-python3}
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # install.sh's venv when there is one
 EXTRA=${EXTRA:-}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -43,8 +44,13 @@ train() {  # train <log name> <train.py settings...>
   local name=$1
   shift
   # eager: a run of a few minutes loses more to compiling (about 95 s) than it gains
-  $PY train.py --mixer=gated_deltanet --batch_size="$BATCH" --grad_accum=1 --block_size=512 --compile=false \
-    --eval_iters=20 --resume=false "$@" $EXTRA 2>&1 | tee "$OUT/$name.log" | grep -E '^(stage|eval)'
+  if ! $PY train.py --mixer=gated_deltanet --batch_size="$BATCH" --grad_accum=1 --block_size=512 --compile=false \
+    --eval_iters=20 --resume=false "$@" $EXTRA > "$OUT/$name.log" 2>&1; then
+    tail -n 3 "$OUT/$name.log"
+    echo "recipe.sh: $name failed; its log: $OUT/$name.log"
+    exit 1
+  fi
+  grep -E '^(stage|eval|warning)' "$OUT/$name.log"
 }
 
 for corpus in $CORPORA; do

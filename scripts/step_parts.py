@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="also list the kernels of one mixer layer and one attention layer, forward and backward")
     args = ap.parse_args()
+    if min(args.B, args.T) < 1:
+        ap.error(f"--B={args.B} and --T={args.T}: expected integers >= 1")
     if not torch.cuda.is_available():
         raise SystemExit("step_parts.py: needs a CUDA GPU (the parts are timed as train.py runs them there)")
     out = open(args.out, "a") if args.out else None

@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--work", default="", help="teacher, student, data and logs (default: a new temporary folder)")
     ap.add_argument("--out", default="", help="also append the table to this file")
     args = ap.parse_args()
+    if min(args.steps, args.gpus) < 1:
+        ap.error(f"--steps={args.steps} and --gpus={args.gpus}: expected integers >= 1")
     import torch
 
     import model as M

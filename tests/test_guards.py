@@ -220,3 +220,13 @@ def test_data_reader_refuses_a_longer_mask_too(tmp_path):
     write(os.path.join(d, "val_mask.bin"), open(os.path.join(d, "val_mask.bin"), "rb").read() + b"\1\1")
     with pytest.raises(ValueError, match="mask bytes for"):
         Data(d, "val", 32, chat=True)
+
+
+@pytest.mark.parametrize("script, bad, says", [
+    ("data/offline/prepare.py", "--val_fraction=2", "expected a fraction between 0 and 1"),
+    ("data/fineweb_edu/prepare.py", "--max_tokens=-5", "expected an integer >= 0"),
+    ("scripts/step_parts.py", "--T=0", "expected integers >= 1"),
+])
+def test_the_other_scripts_check_their_numbers(script, bad, says):
+    r = subprocess.run([sys.executable, script, bad], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
