@@ -192,9 +192,13 @@ def test_rerun_is_skipped_and_empty_split_refused(tmp_path, tok, capsys):
     fineweb.main([f"--source={src}", f"--out_dir={out}", "--val_fraction=0.3"])
     assert "already prepared" in capsys.readouterr().out
     assert os.path.getmtime(os.path.join(out, "train.bin")) == stamp
-    # other options rebuild; a val share that leaves val empty is an error, not a silent corpus
-    with pytest.raises(ValueError, match="at least one"):
+    # other options rebuild; a val share that leaves val empty is an error, not a silent corpus:
+    # 0 at once, a share too small for these few documents once they are split
+    with pytest.raises(SystemExit):
         fineweb.main([f"--source={src}", f"--out_dir={out}", "--val_fraction=0"])
+    assert "--val_fraction: 0: expected a fraction between 0 and 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="at least one"):
+        fineweb.main([f"--source={src}", f"--out_dir={out}", "--val_fraction=0.0001"])
 
 
 def tar_bytes(files):
