@@ -439,13 +439,13 @@ def main(argv=None):
                     loss, parts = train_model(x, y, t_out)
                 (loss / s.grad_accum).backward()  # gradients add up over micro-steps: their mean
             loss_sum = loss_sum + parts["loss"] / s.grad_accum  # a device tensor: no sync here
-        grads = [p.grad for _, p in params if p.grad is not None]
         if s.grad_clip > 0:  # on the averaged gradient, after DDP's all-reduce
             norm = torch.nn.utils.clip_grad_norm_([p for _, p in params], s.grad_clip)
         else:
+            grads = [p.grad for _, p in params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=device)
-        finite = torch.isfinite(norm.to(bad_step.device)) & torch.isfinite(torch.as_tensor(loss_sum, device=bad_step.device))
-        bad_step = torch.where((bad_step < 0) & ~finite, step, bad_step)
+        finite = torch.isfinite(norm).to(bad_step.device) & torch.isfinite(torch.as_tensor(loss_sum)).to(bad_step.device)
+        bad_step = torch.where((bad_step < 0) & ~finite, step, bad_step)  # no sync: read at log lines and evals
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1

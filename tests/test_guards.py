@@ -55,6 +55,9 @@ def test_a_diverging_run_stops_at_its_first_bad_step_and_keeps_the_finite_checkp
     msg = stops(args(setup, stage="1", out_dir=tmp_path / "fresh", learning_rate=1e9))
     assert "step 2: " in msg and "no checkpoint was written" in msg, msg
     assert not os.path.exists(tmp_path / "fresh" / MIXER / "stage1.pt")
+    # without clipping the gradient norm is still watched, and clipping is suggested
+    msg = stops(args(setup, stage="1", out_dir=tmp_path / "unclipped", learning_rate=1e9, grad_clip=0))
+    assert "step 2: " in msg and "or clip with --grad_clip=1" in msg, msg
 
 
 def test_a_climbing_loss_is_warned_of_once(setup, tmp_path, capsys):
