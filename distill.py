@@ -280,11 +280,14 @@ def compare(h, weight, t_h, t_weight, targets, rows=HEAD_ROWS):
     sums = torch.zeros(4, device=h.device)  # ce, teacher ce, kl, top-1 hits
     for i in range(0, h.shape[0], rows):
         keep = y[i:i + rows] >= 0
-        z, t = F.linear(h[i:i + rows], weight)[keep].float(), F.linear(t_h[i:i + rows], t_weight)[keep].float()
-        yk = y[i:i + rows][keep]
-        ls, lt = z.log_softmax(-1), t.log_softmax(-1)
-        sums += torch.stack([F.nll_loss(ls, yk, reduction="sum"), F.nll_loss(lt, yk, reduction="sum"),
-                             (lt.exp() * (lt - ls)).sum(), (z.argmax(-1) == t.argmax(-1)).sum().float()])
+        n = int(keep.sum())
+        if n == 0:
+            continue
+        # these rows' logits [1, n, V] with a target, through the loss's own definitions (means)
+        z, t = F.linear(h[i:i + rows][keep], weight)[None], F.linear(t_h[i:i + rows][keep], t_weight)[None]
+        yk = y[i:i + rows][keep][None]
+        sums += n * torch.stack([cross_entropy(z, yk), cross_entropy(t, yk), kl_per_token(t, z),
+                                 (z.argmax(-1) == t.argmax(-1)).float().mean()])
     n = max(int((y >= 0).sum()), 1)
     return dict(zip(("ce", "teacher_ce", "kl", "top1"), (sums / n).tolist()))
 

@@ -344,9 +344,9 @@ def main(argv=None):
         sys.exit(f"error: {args.mc_dir} has no {', '.join(missing)}: run python data/mc_offline/prepare.py "
                  f"(offline tasks: {TASKS})")
     try:  # before the long work: the held-out file's shape, and where the report goes
-        if len(read_tokens(args.data)) <= args.seq_len:
-            raise ValueError(f"{args.data}: {len(read_tokens(args.data))} tokens, fewer than one window of "
-                             f"--seq_len={args.seq_len}")
+        n = len(read_tokens(args.data))
+        if n <= args.seq_len:
+            raise ValueError(f"{args.data}: {n} tokens, fewer than one window of --seq_len={args.seq_len}")
         if args.out:
             checkpoint.check_writable(os.path.dirname(args.out), f"--out={args.out}")
     except (FileNotFoundError, ValueError) as e:

@@ -263,13 +263,16 @@ class SmolLM2(nn.Module):
         positions = torch.arange(T, device=device) + start
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
-    def hidden(self, idx):
+    def hidden(self, idx, caches=None, start=0, last_only=False):
         """idx [B, T] -> the final hidden states [B, T, C] that the LM head reads (after the
-        last norm): training losses apply the head themselves, a slice of rows at a time."""
+        last norm); forward's arguments (below). Training losses take these and apply the head
+        themselves, a slice of rows at a time."""
         x = self.model.embed_tokens(idx)  # (B, T, C)
-        rope = self.rope(idx.shape[1], 0, idx.device)
-        for block in self.model.layers:
-            x = block(x, rope)
+        rope = self.rope(idx.shape[1], start, idx.device)
+        for i, block in enumerate(self.model.layers):
+            x = block(x, rope, None if caches is None else caches[i])
+        if last_only:
+            x = x[:, -1:]
         return self.model.norm(x)
 
     def forward(self, idx, targets=None, caches=None, start=0, last_only=False):
@@ -279,13 +282,7 @@ class SmolLM2(nn.Module):
         position of idx[:, 0] in the sequence. last_only: logits of the last position only,
         [B, 1, V] (a long prompt's full logits would take gigabytes).
         """
-        x = self.model.embed_tokens(idx)  # (B, T, C)
-        rope = self.rope(idx.shape[1], start, idx.device)
-        for i, block in enumerate(self.model.layers):
-            x = block(x, rope, None if caches is None else caches[i])
-        if last_only:
-            x = x[:, -1:]
-        logits = self.lm_head(self.model.norm(x))  # (B, T, V)
+        logits = self.lm_head(self.hidden(idx, caches, start, last_only))  # (B, T, V)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)

@@ -144,7 +144,7 @@ def settings(argv):
     if s.resume and os.path.exists(ckpt_path(s)):
         try:
             state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)
-            state["settings"], state["step"]
+            state["settings"], state["step"]  # every checkpoint of this loop has both
         except Exception as e:
             fail(f"{ckpt_path(s)}: cannot resume from it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                  f"--resume=false starts this stage over")
