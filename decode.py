@@ -16,8 +16,11 @@ shapes never change:
     with each slot's position beside it, and attends over the whole buffer, masked to the slots
     the token may see (model.Attention.static_step; gpt-fast's static KV cache).
 One step (the model on the last token at position pos, the caches updated, pos advanced) is
-captured once in a CUDA graph and replayed for every token; sampling stays outside it. On a CPU
-the same static step runs eagerly: the tests compare it with model.SmolLM2.generate.
+captured once in a CUDA graph and replayed for every token; sampling stays outside it. A replay
+still runs every kernel the step holds, some 45 a block, each a few microseconds of fixed cost;
+so on a GPU each block first goes through torch.compile, which fuses its norms, activations and
+gates into a few kernels, one compilation shared by every block of a kind. On a CPU the same
+static step runs eagerly: the tests compare it, compiled and not, with model.SmolLM2.generate.
 
 References:
 1) meta-pytorch/gpt-fast, generate.py (a static KV cache; the decoding step under CUDA graphs)
@@ -52,16 +55,35 @@ def static_caches(net, caches, T, total):
     return pos
 
 
+def block_step(block, x, rope, cache):
+    """One block on one token, its cache's new tensors written over the old ones (copy_): the
+    buffers a CUDA graph reads and writes stay the same."""
+    work = dict(cache)  # the block puts its new tensors here
+    x = block(x, rope, work)
+    for key, t in work.items():
+        if t is not cache[key]:
+            cache[key].copy_(t)
+    return x
+
+
 class Decoder:
     """One batch of prompts idx [B, T] read, then decoded a token at a time.
 
     Decoder(net, idx, max_new_tokens).logits are the prompt's next-token logits [B, V];
     step(tokens [B]) feeds one token a sequence and returns the next logits [B, V] (a buffer that
-    the next step overwrites). graph: capture the step in a CUDA graph (default: on CUDA)."""
+    the next step overwrites). graph: capture the step in a CUDA graph; compile: run each block
+    through torch.compile, which fuses a block's elementwise work into a few kernels (both by
+    default on CUDA: a replayed step still launches every kernel it holds)."""
 
     @torch.no_grad()
-    def __init__(self, net, idx, max_new_tokens, graph=None):
+    def __init__(self, net, idx, max_new_tokens, graph=None, compile=None):
         self.net = net
+        self.block = block_step
+        if idx.is_cuda if compile is None else compile:
+            # one compilation serves every block of a kind (they differ only in their weights);
+            # a process may decode several models and prompt lengths, each a compilation
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self.block = torch.compile(block_step)
         B, T = idx.shape
         self.caches = [dict() for _ in net.model.layers]
         self.logits = net(idx, caches=self.caches, last_only=True)[:, -1]
@@ -72,12 +94,8 @@ class Decoder:
             self.capture()
 
     def _step(self):
-        work = [dict(c) for c in self.caches]  # the layers put their new tensors here
-        logits = self.net(self.tok, caches=work, start=self.pos)[:, -1]
-        for cache, new in zip(self.caches, work):
-            for key, t in new.items():
-                if t is not cache[key]:
-                    cache[key].copy_(t)
+        net = self.net
+        logits = net.lm_head(net.hidden(self.tok, self.caches, self.pos, run=self.block))[:, -1]
         self.pos += 1
         return logits
 

@@ -191,9 +191,12 @@ class Attention(nn.Module):
         mask = (slot_pos >= 0) & (slot_pos <= pos)  # (W,): the slots this token sees
         if self.window > 0:
             mask = mask & (slot_pos > pos - self.window)
-        rep = self.n_head // self.n_kv_head
-        k, v = cache["k"].repeat_interleave(rep, dim=1), cache["v"].repeat_interleave(rep, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None, None, :])  # (B, H, 1, D)
+        # the `rep` query heads of a KV head are its queries at one position: the cache is read as
+        # it is, never repeated for the query heads
+        B, H, _, D = q.shape
+        q = q.reshape(B, self.n_kv_head, H // self.n_kv_head, D)
+        y = F.scaled_dot_product_attention(q, cache["k"], cache["v"], attn_mask=mask[None, None, None, :])
+        return y.reshape(B, H, 1, D)
 
 
 class MLP(nn.Module):
@@ -263,14 +266,16 @@ class SmolLM2(nn.Module):
         positions = torch.arange(T, device=device) + start
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
-    def hidden(self, idx, caches=None, start=0, last_only=False):
+    def hidden(self, idx, caches=None, start=0, last_only=False, run=None):
         """idx [B, T] -> the final hidden states [B, T, C] that the LM head reads (after the
         last norm); forward's arguments (below). Training losses take these and apply the head
-        themselves, a slice of rows at a time."""
+        themselves, a slice of rows at a time. run(block, x, rope, cache) -> x runs each block
+        instead of block(x, rope, cache) (decode.py's step: compiled, its caches written in place)."""
         x = self.model.embed_tokens(idx)  # (B, T, C)
         rope = self.rope(idx.shape[1], start, idx.device)
         for i, block in enumerate(self.model.layers):
-            x = block(x, rope, None if caches is None else caches[i])
+            cache = None if caches is None else caches[i]
+            x = block(x, rope, cache) if run is None else run(block, x, rope, cache)
         if last_only:
             x = x[:, -1:]
         return self.model.norm(x)

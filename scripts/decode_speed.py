@@ -15,14 +15,17 @@ heads for the query heads, so it reads its whole cache at least twice, as simple
 Each student runs in every form --backends names (on CUDA by default twice: through kernels.py,
 where a decoding step's state update is one fused kernel, and as PyTorch ops alone), which shows
 where the kernels pay, and every model through each of --decoders: fast (decode.py: static
-caches, and on CUDA the step replayed from a CUDA graph; its prefill column includes making the
-static caches and capturing the graph) and plain (model.py's loop, its caches growing). A model's first, untimed run at the shortest length warms it up. On a machine
+caches, and on CUDA each block compiled and the step replayed from a CUDA graph; its prefill
+column includes making the static caches and capturing the graph; the compilation happens in
+a model's warm-up run), graph (the same without torch.compile) and plain (model.py's loop, its caches
+growing). A model's first, untimed run at the shortest length warms it up. On a machine
 shared with other work, times wander: --rounds sweeps everything again and keeps the least. A row's step is
 the median of --steps synchronized steps after 2 warm-ups. Prints a markdown table as rows
 finish, appends it to --out and draws decode_speed.png beside it.
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -76,7 +79,7 @@ def measure(net, L, B=1, steps=16, seed=0):
 
 
 @torch.no_grad()
-def measure_fast(net, L, B=1, steps=16, seed=0):
+def measure_fast(net, L, B=1, steps=16, seed=0, compile=None):
     """measure() through decode.Decoder: static caches, and on CUDA the step replayed from a CUDA
     graph. The prefill column counts the prompt, the static caches and the graph's capture."""
     dev = next(net.parameters()).device
@@ -84,7 +87,7 @@ def measure_fast(net, L, B=1, steps=16, seed=0):
     prompt = torch.randint(0, net.config.vocab_size, (B, L), generator=gen).to(dev)
     sync(dev)
     t0 = time.perf_counter()
-    dec = decode.Decoder(net, prompt, steps + 2)
+    dec = decode.Decoder(net, prompt, steps + 2, compile=compile)
     sync(dev)
     prefill = time.perf_counter() - t0
     tok = prompt[:, -1]
@@ -98,6 +101,9 @@ def measure_fast(net, L, B=1, steps=16, seed=0):
         sync(dev)
         times.append(time.perf_counter() - t0)
     return prefill, sorted(times)[len(times) // 2], cache_bytes(dec.caches)
+
+
+TIMERS = {"fast": measure_fast, "graph": functools.partial(measure_fast, compile=False), "plain": measure}
 
 
 def plot(rows, path):
@@ -132,7 +138,7 @@ def main(argv=None):
     ap.add_argument("--backends", default=None, help=f"comma-separated forms each student runs in: any of "
                     f"{', '.join(mixers.BACKENDS)} (default: triton,torch on CUDA, torch otherwise)")
     ap.add_argument("--decoders", default=None, help="comma-separated: fast (decode.py: static caches, on CUDA "
-                    "a CUDA graph) and plain (model.py's growing caches); default fast,plain on CUDA, plain otherwise")
+                    "its blocks compiled and its step a CUDA graph), graph (the same without torch.compile) and plain (model.py's growing caches); default fast,plain on CUDA, plain otherwise")
     ap.add_argument("--lengths", default="256,1024,4096", help="context lengths, comma-separated")
     ap.add_argument("--B", type=int, default=1, help="sequences decoded together")
     ap.add_argument("--steps", type=int, default=16, help="timed decoding steps per row")
@@ -146,8 +152,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     names = [m for m in args.mixers.split(",") if m]
     decoders = [d for d in (args.decoders or ("fast,plain" if args.device.startswith("cuda") else "plain")).split(",") if d]
-    if set(decoders) - {"fast", "plain"}:
-        ap.error(f"--decoders={args.decoders!r}: expected fast and/or plain")
+    if set(decoders) - set(TIMERS):
+        ap.error(f"--decoders={args.decoders!r}: expected any of {', '.join(TIMERS)}")
     backends = [b for b in (args.backends or ("triton,torch" if args.device.startswith("cuda") else "torch")).split(",") if b]
     try:
         for m in names:
@@ -180,7 +186,7 @@ def main(argv=None):
             runs.append((m, student, None))
         else:
             runs += [(f"{m}, {b}" if len(backends) > 1 else m, student, b) for b in backends]
-    runs = [(f"{name}, {d}" if len(decoders) > 1 else name, net, b, measure_fast if d == "fast" else measure)
+    runs = [(f"{name}, {d}" if len(decoders) > 1 else name, net, b, TIMERS[d])
             for name, net, b in runs for d in decoders]
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {where}, {time.strftime('%Y-%m-%d')}\n")

@@ -1,7 +1,7 @@
 """decode.py: decoding on static caches gives model.SmolLM2.generate's tokens and logits, for the
 teacher, sliding-window attention (window inside and beyond the context), every student and a
-hybrid; its buffers keep their shapes and storage from step to step; on a GPU the same from a
-CUDA graph."""
+hybrid, also with each block compiled; its buffers keep their shapes and storage from step to
+step; on a GPU the same from a CUDA graph over the compiled blocks."""
 
 import functools
 
@@ -52,6 +52,19 @@ def test_static_caches_decode_as_the_plain_loop(name):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("name", ["teacher", "swa, window past the context", "gated_deltanet", "mlstm", "hybrid"])
+def test_compiled_blocks_decode_as_the_plain_loop(name):
+    # the GPU's default: each block through torch.compile (here its CPU code), the caches in place
+    net = nets()[name]
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    want = torch.stack(list(net.generate(idx, 8, temperature=0)), 1)
+    dec = decode.Decoder(net, idx, 8, graph=False, compile=True)
+    assert dec.block is not decode.block_step
+    logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(7)]
+    torch.testing.assert_close(torch.stack(logits, 1), plain_logits(net, idx, want), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 def test_static_buffers_keep_their_storage_and_shapes():
     for name in ("teacher", "swa", "gated_deltanet"):
         net = nets()[name]
@@ -74,7 +87,7 @@ def test_graphed_step_on_gpu_gives_the_plain_tokens(name):
     idx = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(1)).cuda()
     want = torch.stack(list(net.generate(idx, 16, temperature=0)), 1)
     dec = decode.Decoder(net, idx, 16)
-    assert dec.graph is not None
+    assert dec.graph is not None and dec.block is not decode.block_step  # graphed, blocks compiled
     got = torch.stack(list(decode.generate(net, idx, 16, temperature=0)), 1)
     assert torch.equal(got, want)
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(15)]
