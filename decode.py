@@ -44,6 +44,8 @@ def static_caches(net, caches, T, total):
             continue  # a mixer's state and conv tail are static as they are
         k, v = cache["k"], cache["v"]  # (B, n_kv, n, D): the last n positions of the prompt
         W = min(attn.window, total) if attn.window > 0 else total
+        if W > M.SLOTS:  # a whole number of slices of slots; a ring longer than its window still
+            W = -(-W // M.SLOTS) * M.SLOTS  # holds the window (the mask hides older positions)
         B, H, n, D = k.shape
         positions = torch.arange(T - n, T, device=dev)
         slots = positions % W

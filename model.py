@@ -128,6 +128,9 @@ def apply_rotary(x, cos, sin):
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+SLOTS = 512  # a static cache longer than this holds a multiple of it (Attention.static_step)
+
+
 class Attention(nn.Module):
     """Causal grouped-query softmax attention; with window > 0, sliding-window attention."""
 
@@ -191,12 +194,19 @@ class Attention(nn.Module):
         mask = (slot_pos >= 0) & (slot_pos <= pos)  # (W,): the slots this token sees
         if self.window > 0:
             mask = mask & (slot_pos > pos - self.window)
-        # the `rep` query heads of a KV head are its queries at one position: the cache is read as
-        # it is, never repeated for the query heads
+        # written out: the `rep` query heads of a KV head are its queries at one position, so the
+        # cache is read as it is, never repeated for the query heads
+        k, v = cache["k"], cache["v"]  # (B, n_kv, W, D)
         B, H, _, D = q.shape
-        q = q.reshape(B, self.n_kv_head, H // self.n_kv_head, D)
-        y = F.scaled_dot_product_attention(q, cache["k"], cache["v"], attn_mask=mask[None, None, None, :])
-        return y.reshape(B, H, 1, D)
+        n, W = self.n_kv_head, k.shape[2]
+        q = q.reshape(B, n, H // n, D)
+        att = (q @ k.transpose(2, 3)).float() * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
+        p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+        # p @ v over W slots as S products over slices of SLOTS slots, then summed: one product of
+        # two short sides over a long one would keep only a few of a GPU's cores busy
+        S = W // SLOTS if W % SLOTS == 0 else 1
+        y = (p.view(B, n, -1, S, W // S).transpose(2, 3) @ v.view(B, n, S, W // S, D)).float().sum(2)
+        return y.to(v.dtype).reshape(B, H, 1, D)
 
 
 class MLP(nn.Module):
