@@ -27,6 +27,7 @@ finish, appends it to --out and draws decode_speed.png beside it.
 import argparse
 import functools
 import os
+import re
 import sys
 import time
 
@@ -106,6 +107,19 @@ def measure_fast(net, L, B=1, steps=16, seed=0, compile=None):
 TIMERS = {"fast": measure_fast, "graph": functools.partial(measure_fast, compile=False), "plain": measure}
 
 
+def read_rows(paths):
+    """The rows (model, context, prefill s, step s, cache bytes) of tables this script wrote; a
+    later row of the same model and context replaces an earlier one."""
+    rows = {}
+    for path in paths:
+        for line in open(path):
+            m = re.match(r"\| (.+?) \| (\d+) \| ([\d.]+) s \| ([\d.]+) ms \| [\d,.]+ \| ([\d,.]+) MiB \|", line)
+            if m:
+                rows[m[1], int(m[2])] = (m[1], int(m[2]), float(m[3]), float(m[4]) / 1000,
+                                         float(m[5].replace(",", "")) * 2**20)
+    return list(rows.values())
+
+
 def plot(rows, path):
     """Two panels against the context length: ms per step, and cache MiB."""
     import matplotlib
@@ -149,7 +163,17 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if cuda else "cpu")
     ap.add_argument("--dtype", default="bfloat16" if cuda else "float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default="out/decode_speed.md", help="the table is appended here; the PNG goes beside it")
+    ap.add_argument("--replot", nargs="+", metavar="TABLE", help="measure nothing: draw the plot from tables "
+                    "this script wrote (a later file's rows replace an earlier one's) to --out's PNG")
     args = ap.parse_args(argv)
+    if args.replot:
+        missing = [p for p in args.replot if not os.path.isfile(p)]
+        if missing:
+            ap.error(f"--replot: no file {missing[0]}")
+        png = args.out if args.out.endswith(".png") else os.path.join(os.path.dirname(args.out) or ".", "decode_speed.png")
+        plot(read_rows(args.replot), png)
+        print(f"plot: {png}")
+        return []
     names = [m for m in args.mixers.split(",") if m]
     decoders = [d for d in (args.decoders or ("fast,plain" if args.device.startswith("cuda") else "plain")).split(",") if d]
     if set(decoders) - set(TIMERS):
