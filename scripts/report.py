@@ -1,0 +1,257 @@
+"""
+The study's comparison from the runs of scripts/reproduce.py: tables in the study's layout,
+plots, and the study's findings checked one by one against the numbers.
+
+    python scripts/report.py                         # results/study/*.json -> results/study/report.md, assets/study_*.png
+    python scripts/report.py --results=/tmp/r --assets=/tmp/r
+
+Tables (one after stage 3, one after SFT): per run, perplexity and KL to the teacher on held-out
+text, recovery (student score / teacher score) on each of the study's tasks and on their
+average with its 95% interval, and needle-in-a-haystack accuracy by length (the passkey S-NIAH-1
+and the UUID S-NIAH-3). The teacher's row gives its own scores. Plots: average recovery by run,
+NIAH accuracy against length (a line per run), and every stage's loss curves. The findings are
+those of the study's abstract (gated beats ungated; the delta rule with gating keeps retrieval,
+Gated DeltaNet best; Linear Attention and RetNet lose it past 512 tokens), each printed with
+the numbers it rests on and "holds", "does not hold" or "not measured".
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORDER = ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda", "hybrid", "swa")
+NAMES = {"linear_attention": "Linear Attention", "retnet": "RetNet", "gla": "GLA", "mlstm": "mLSTM",
+         "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "kda": "KDA", "swa": "SWA"}
+TASKS = {"lambada": "LAMBADA", "arc_easy": "ARC-E", "arc_challenge": "ARC-C", "piqa": "PIQA",
+         "hellaswag": "HellaSwag", "winogrande": "WinoGrande"}
+NIAH = {"s_niah_1": "passkey", "s_niah_3": "UUID"}
+AFTER = {"after_stage3": "after stage 3", "after_sft": "after SFT"}
+GATED = {"linear_attention": "gla", "deltanet": "gated_deltanet"}  # each ungated mixer and its gated twin
+COLLAPSE = 0.05  # "collapses": passkey accuracy at most this at every length past 512
+
+
+def load(results):
+    """{name: run} for every <results>/*.json that reproduce.py wrote, in the study's order."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+        run = json.load(open(path))
+        if "name" in run and ("after_stage3" in run or "teacher" in run):
+            runs[run["name"]] = run
+    rank = {n: i for i, n in enumerate(("teacher",) + ORDER)}
+    return dict(sorted(runs.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+def label(name, run):
+    s = run.get("settings", {})
+    if s.get("softmax_layers"):
+        return f"{NAMES.get(s['mixer'], s['mixer'])} + softmax layers {s['softmax_layers']}"
+    return NAMES.get(name, name)
+
+
+def count(n):
+    """4000 -> '4.0k', 100_000_000 -> '100M', 2.76e9 -> '2.76B'."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
+
+
+def lengths(runs):
+    return sorted({int(n) for r in runs.values() for m in measures(r).values() for t in m["niah"].values() for n in t})
+
+
+def measures(run):
+    """{after: measured} of a run (the teacher's one measurement counts for both)."""
+    if "teacher" in run:
+        return {a: run["teacher"] for a in AFTER}
+    return {a: run[a] for a in AFTER if a in run}
+
+
+def student_row(summary):
+    return [v for k, v in summary["rows"].items() if k != "teacher"][0]
+
+
+def pct(v):
+    """A score or a recovery [value, low, high] in percent; '-' where the task was not run."""
+    return "-" if v is None else f"{100 * v[0]:.1f}"
+
+
+def table(runs, after):
+    """The markdown table of one checkpoint (after stage 3 or after SFT)."""
+    Ls = lengths(runs)
+    head = (["run", "tokens", "ppl", "KL"] + list(TASKS.values()) + ["Avg recovery [95%]"]
+            + [f"{NIAH[t]} {L}" for t in NIAH for L in Ls])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, run in runs.items():
+        m = measures(run).get(after)
+        if m is None:
+            continue
+        ev = m["eval"]
+        niah = [m["niah"].get(t, {}).get(str(L)) for t in NIAH for L in Ls]
+        niah = ["-" if a is None else f"{100 * a:.0f}" for a in niah]
+        if name == "teacher":
+            row = ev["summary"]["rows"][next(iter(ev["summary"]["rows"]))]
+            cells = ["teacher", "-", f"{ev['model']['lm']['ppl']:.2f}", "0"] + [
+                pct(row.get(t)) for t in TASKS] + [f"({pct(row.get('avg'))})"]
+        else:
+            rec = ev["summary"]["recovery"]
+            s = run["settings"]
+            tokens = sum(s["stage_tokens"][k] for k in ("1", "2", "3")) + (s["stage_tokens"]["sft"] if after == "after_sft" else 0)
+            cells = [label(name, run), count(tokens), f"{ev['model']['lm']['ppl']:.2f}",
+                     f"{ev['model']['lm']['kl']:.3f}"] + [pct(rec.get(t)) for t in TASKS] + [
+                     f"{pct(rec['avg'])} [{100 * rec['avg'][1]:.1f}, {100 * rec['avg'][2]:.1f}]"]
+        lines.append("| " + " | ".join(cells + niah) + " |")
+    return "\n".join(lines)
+
+
+def findings(runs):
+    """The study's findings, each with its numbers and a verdict."""
+    out = []
+
+    def rec(name):
+        run = runs.get(name)
+        return run["after_stage3"]["eval"]["summary"]["recovery"]["avg"] if run and "after_stage3" in run else None
+
+    pairs = [(u, g, rec(u), rec(g)) for u, g in GATED.items()]
+    known = [p for p in pairs if p[2] and p[3]]
+    text = "; ".join(f"{NAMES[g]} {100 * b[0]:.1f}% vs {NAMES[u]} {100 * a[0]:.1f}%" for u, g, a, b in known)
+    verdict = "not measured" if len(known) < len(pairs) else (
+        "holds" if all(b[0] > a[0] for _, _, a, b in known) else "does not hold")
+    out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text or ''}".rstrip())
+
+    def passkey(name, after="after_sft"):
+        run = runs.get(name)
+        return run[after]["niah"].get("s_niah_1") if run and after in run else None
+
+    seven = [n for n in ORDER[:7] if passkey(n)]
+    if len(seven) < 7:
+        out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): not measured "
+                   f"({len(seven)} of the seven mixers measured).")
+    else:
+        mean = {n: sum(passkey(n).values()) / len(passkey(n)) for n in seven}
+        best = max(mean, key=mean.get)
+        ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" for n in sorted(mean, key=mean.get, reverse=True))
+        out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
+                   f"{'holds' if best == 'gated_deltanet' else 'does not hold'}. {ranks}")
+    for n in ("linear_attention", "retnet"):
+        p = passkey(n)
+        if not p:
+            out.append(f"- {NAMES[n]} loses retrieval past 512 tokens: not measured.")
+            continue
+        past = {int(L): a for L, a in p.items() if int(L) > 512}
+        verdict = "not measured" if not past else "holds" if max(past.values()) <= COLLAPSE else "does not hold"
+        out.append(f"- {NAMES[n]} loses retrieval past 512 tokens (passkey at most {100 * COLLAPSE:.0f}% at each "
+                   f"longer length, after SFT): {verdict}. "
+                   + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in sorted((int(k), v) for k, v in p.items())))
+    return "\n".join(out)
+
+
+def legend(axes):
+    """One legend, on the last panel, of the panel with the most lines."""
+    handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
+    if handles:
+        axes[-1].legend(handles, labels, fontsize=7)
+
+
+def plots(runs, assets):
+    """study_recovery.png, study_niah.png and study_loss.png under assets; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    students = {n: r for n, r in runs.items() if n != "teacher"}
+    paths = []
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.4
+    for i, (after, name) in enumerate(AFTER.items()):
+        xs, ys, errs = [], [], []
+        for j, (n, r) in enumerate(students.items()):
+            if after in r:
+                a = r[after]["eval"]["summary"]["recovery"]["avg"]
+                xs.append(j + (i - 0.5) * width)
+                ys.append(100 * a[0])
+                errs.append([[100 * (a[0] - a[1])], [100 * (a[2] - a[0])]])
+        if xs:
+            ax.bar(xs, ys, width, label=name, yerr=[[e[0][0] for e in errs], [e[1][0] for e in errs]], capsize=3)
+    ax.set_xticks(range(len(students)), [label(n, r) for n, r in students.items()], rotation=20, ha="right", fontsize=8)
+    ax.axhline(100, color="k", lw=0.8, ls="--")
+    ax.set_ylabel("average recovery (%), 95% interval")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(os.path.join(assets, "study_recovery.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(AFTER) * len(NIAH), figsize=(16, 3.8), sharey=True)
+    for ax, (after, task) in zip(axes, [(a, t) for a in AFTER for t in NIAH]):
+        for n, r in runs.items():
+            m = measures(r).get(after)
+            acc = m and m["niah"].get(task)
+            if acc:
+                Ls = sorted(int(L) for L in acc)
+                ax.plot(Ls, [100 * acc[str(L)] for L in Ls], marker="o", label=label(n, r),
+                        **({"color": "k", "ls": "--"} if n == "teacher" else {}))
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{NIAH[task]}, {AFTER[after]}", fontsize=9)
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("accuracy (%)")
+    legend(axes)
+    fig.tight_layout()
+    paths.append(os.path.join(assets, "study_niah.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    stages = ("1", "2", "3", "sft")
+    fig, axes = plt.subplots(1, len(stages), figsize=(16, 3.8))
+    for ax, s in zip(axes, stages):
+        for n, r in students.items():
+            h = r.get("history", {}).get(s)
+            if h and h["train"]:
+                ax.plot(*zip(*h["train"]), lw=0.8, label=label(n, r))
+        ax.set_yscale("log")
+        ax.set_title(f"stage {s}" if s != "sft" else "SFT", fontsize=9)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("train loss")
+    legend(axes)
+    fig.tight_layout()
+    paths.append(os.path.join(assets, "study_loss.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(ROOT, "results", "study"), help="reproduce.py's JSON files")
+    ap.add_argument("--out", default=None, help="the report (default <results>/report.md)")
+    ap.add_argument("--assets", default=os.path.join(ROOT, "assets"), help="where the plots go")
+    args = ap.parse_args(argv)
+    runs = load(args.results)
+    if not [n for n in runs if n != "teacher"]:
+        sys.exit(f"report.py: no student results in {args.results} (scripts/reproduce.py writes them)")
+    os.makedirs(args.assets, exist_ok=True)
+    lines = []
+    for after, title in AFTER.items():
+        lines += [f"### {title[0].upper() + title[1:]}", "", table(runs, after), ""]
+    lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
+    for n, r in runs.items():
+        lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`")
+    report = "\n".join(lines) + "\n"
+    out = args.out or os.path.join(args.results, "report.md")
+    with open(out, "w") as f:
+        f.write(report)
+    print(report)
+    for p in plots(runs, args.assets):
+        print(f"plot: {p}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""
+The study's comparison at 135M, one student a command: stages 1 -> 2 -> 3 with the study's split
+of the token budget, then SFT on the offline instruction data, and after stage 3 and after SFT
+the whole evaluation. One small JSON a run holds its settings, commit, machine, times, every
+number and its loss curves; scripts/report.py builds the table and the plots from them.
+
+    python scripts/reproduce.py --mixer=kda --tokens=100M                 # one GPU
+    python scripts/reproduce.py --mixer=gated_deltanet --softmax_layers=7,15,23 --name=hybrid
+    python scripts/reproduce.py --teacher                                 # the teacher, evaluated once
+    python scripts/reproduce.py --mixer=gla --tokens=60k --sft_tokens=20k --mc_limit=8 \\
+        --niah="--lengths=256 --samples=1 --depths=50" --results=/tmp/r  # a CPU smoke run (minutes)
+
+The budget splits as the study's 80M : 160M : 2.76B tokens (distill.STAGES: 2.7% / 5.3% / 92%),
+each stage a whole number of train.py's optimizer steps; SFT gets --sft_tokens (default a tenth
+of the budget, at most one pass over its corpus) at length 1024. <-- vs the study: it runs SFT
+for one epoch of SmolTalk, which is not offline. Every run uses the same teacher, data, seed,
+state size and short-conv setting (train.py's defaults); a stage of more than COMPILE_TOKENS
+tokens runs under torch.compile on a GPU (about 95 s of compiling pays back past that), the
+shorter ones eagerly.
+
+Each step is one command a user could type (train.py, evaluate.py, niah.py); its log goes to
+<work>/<name>/<step>.log. The steps done are kept in <work>/<name>/done.json (written whole, then
+renamed): run the same command again after a kill and it goes on from the step it stopped in,
+train.py from that stage's last checkpoint. Evaluation: perplexity and KL to the teacher on
+held-out text (data/modern/val.bin), the study's six tasks with recovery (--mc_limit questions
+each), and needle in a haystack (--niah: the passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to
+4k tokens, 50 prompts a length).
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+STAGES = ("1", "2", "3")
+COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU: 95 s against eager's 108k tok/s vs 169k
+SFT_LENGTH = 1024  # the study's SFT sequence length
+NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
+HISTORY_POINTS = 200  # train-loss points kept per stage in the JSON
+
+
+def tokens(text):
+    """'100M' -> 100_000_000 (k, M, B suffixes; plain integers too)."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kKmMbB]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a token count such as 100M, 2.5B or 60k")
+    n = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9}[m[2].lower()]
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected at least one token")
+    return int(n)
+
+
+def split(budget):
+    """The study's share of each distillation stage in a budget of tokens: {stage: tokens}."""
+    import distill
+
+    full = {s: distill.STAGES[s]["tokens"] for s in STAGES}
+    return {s: round(budget * n / sum(full.values())) for s, n in full.items()}
+
+
+def machine():
+    """The GPU's name, or the CPU's, in words."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    return f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores), torch {torch.__version__}"
+
+
+def commit():
+    """HEAD's hash, with '+changes' when the tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_json(path, obj):
+    """Write obj whole to a temporary file, then rename it over path: a kill leaves the old file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+class Pipeline:
+    """The steps of one run, each skipped when <work>/<name>/done.json says it finished with the
+    same settings."""
+
+    def __init__(self, work, name, settings):
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.state_path = os.path.join(self.dir, "done.json")
+        state = json.load(open(self.state_path)) if os.path.exists(self.state_path) else {"settings": settings}
+        if state["settings"] != settings:
+            sys.exit(f"reproduce.py: {self.dir} holds a run with other settings ({state['settings']}); "
+                     f"give another --name or --work, or remove that folder")
+        self.settings, self.done = settings, state.get("steps", {})
+
+    def step(self, name, cmd):
+        """Run cmd (a list) unless step `name` is done; its output goes to <dir>/<name>.log."""
+        if name in self.done:
+            print(f"{name}: done ({self.done[name]['seconds']:.0f} s)", flush=True)
+            return
+        log = os.path.join(self.dir, name + ".log")
+        print(f"{name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+        t0 = time.time()
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            for line in proc.stdout:  # the log whole, and its progress lines on the terminal
+                f.write(line)
+                if line.startswith(("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|")):
+                    print(f"  {line.rstrip()}", flush=True)
+        if proc.wait():
+            tail = open(log).read().strip().splitlines()[-3:]
+            print("\n".join(f"  {t}" for t in tail), file=sys.stderr)
+            sys.exit(f"reproduce.py: step {name} failed (exit {proc.returncode}); its log: {log}; "
+                     f"the same command goes on from this step")
+        self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        write_json(self.state_path, {"settings": self.settings, "steps": self.done})
+
+
+def stage_history(path):
+    """A finished stage's curves from its checkpoint: train loss (thinned to HISTORY_POINTS) and
+    every eval, with its settings' step count."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    train = state["history"]["train"]
+    every = max(1, len(train) // HISTORY_POINTS)
+    return {"steps": state["step"], "train": [list(p) for p in train[::every]], "val": state["history"]["val"]}
+
+
+def niah_table(path):
+    """{task: {length: accuracy over every depth}} from niah.py's results.json."""
+    out = {}
+    for r in json.load(open(path))["accuracy"]:
+        if r["depth"] == "all":
+            out.setdefault(r["task"], {})[str(r["length"])] = r["accuracy"]
+    return out
+
+
+def measured(pipe, tag, model, args, py):
+    """Steps eval_<tag> and niah_<tag> on checkpoint `model`; returns their numbers."""
+    ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
+    teacher = ["--teacher=none"] if model == "default" else []
+    pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}", f"--data={args.val}", f"--mc_limit={args.mc_limit}",
+                              f"--tasks={args.tasks}", f"--out={ev}"] + teacher + shlex.split(args.eval_extra))
+    pipe.step(f"niah_{tag}", [py, "niah.py", f"--init_from={model}", f"--out_dir={niah_dir}"] + shlex.split(args.niah))
+    out = json.load(open(ev))
+    return {"eval": {k: out[k] for k in ("model", "teacher", "summary") if k in out},
+            "niah": niah_table(os.path.join(niah_dir, "results.json"))}
+
+
+def check_inputs(args):
+    """One line, before any work, for what a run needs and does not find."""
+    need = [(args.val, "python data/modern/prepare.py")]
+    if "--mc_dir" not in args.eval_extra:
+        need.append((os.path.join("data", "mc_offline", "arc_easy.jsonl"), "python data/mc_offline/prepare.py"))
+    if not args.teacher:
+        need += [(os.path.join(args.text, "train.bin"), "python data/modern/prepare.py"),
+                 (os.path.join(args.chat, "train.bin"), "python data/sharegpt/prepare.py")]
+    for path, fix in need:
+        if not os.path.exists(os.path.join(ROOT, path)):
+            sys.exit(f"reproduce.py: {path} not found; build it with: {fix}")
+    import model as M
+
+    if not args.teacher:
+        try:
+            M.check_mixer(args.mixer, M.MIXERS[1:])
+        except ValueError as e:
+            sys.exit(f"reproduce.py: --mixer: {e}")
+    for d in (args.work, args.results):
+        try:
+            os.makedirs(d, exist_ok=True)
+            if not os.access(d, os.W_OK):
+                raise PermissionError(f"{d} is not writable")
+        except OSError as e:
+            sys.exit(f"reproduce.py: cannot write to {d} ({e})")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixer", default="gated_deltanet", help="the student's token mixer (swa: the sliding-window baseline)")
+    ap.add_argument("--softmax_layers", default="", help="layers kept as softmax attention (a hybrid), e.g. 7,15,23")
+    ap.add_argument("--name", default="", help="the run's name (default: the mixer's; hybrid runs need one)")
+    ap.add_argument("--teacher", action="store_true", help="evaluate the teacher alone: <results>/teacher.json")
+    ap.add_argument("--tokens", type=tokens, default=tokens("100M"), help="distillation tokens, stages 1-3 together")
+    ap.add_argument("--sft_tokens", type=tokens, default=None, help="SFT tokens (default: a tenth of --tokens, "
+                    "at most one pass over data/sharegpt)")
+    ap.add_argument("--mc_limit", type=int, default=1000, help="questions per task, evenly spaced (0 = all)")
+    ap.add_argument("--tasks", default="lambada,arc_easy,arc_challenge,piqa,hellaswag,winogrande",
+                    help="evaluate.py's tasks (the study's six)")
+    ap.add_argument("--niah", default=NIAH, help="niah.py's settings")
+    ap.add_argument("--eval_extra", default="", help="evaluate.py settings added to each evaluation, e.g. '--max_windows=4'")
+    ap.add_argument("--extra", default="", help="train.py settings added to every stage, e.g. '--batch_size=32'")
+    ap.add_argument("--text", default=os.path.join("data", "modern"), help="the distillation corpus (stages 1-3)")
+    ap.add_argument("--chat", default=os.path.join("data", "sharegpt"), help="the SFT corpus (ChatML, with masks)")
+    ap.add_argument("--val", default=os.path.join("data", "modern", "val.bin"), help="held-out text for perplexity and KL")
+    ap.add_argument("--work", default=os.path.join("out", "reproduce"), help="checkpoints and logs")
+    ap.add_argument("--results", default=os.path.join("results", "study"), help="where <name>.json goes")
+    args = ap.parse_args(argv)
+    if args.mc_limit < 0:
+        ap.error(f"--mc_limit={args.mc_limit}: expected 0 (all) or more")
+    if args.softmax_layers and not args.name:
+        ap.error("--softmax_layers: a hybrid needs its own --name (its checkpoints and results go there)")
+    name = "teacher" if args.teacher else args.name or args.mixer
+    if not re.fullmatch(r"[\w.-]+", name):
+        ap.error(f"--name={name!r}: letters, digits, '.', '_' and '-' only")
+    check_inputs(args)
+
+    import torch
+
+    import train
+
+    py = sys.executable
+    result = {"name": name, "commit": commit(), "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+              "command": " ".join(["python", "scripts/reproduce.py"] + [shlex.quote(a) for a in
+                                                                       (sys.argv[1:] if argv is None else argv)])}
+    evals = {"val": args.val, "mc_limit": args.mc_limit, "tasks": args.tasks, "niah": args.niah,
+             "eval_extra": args.eval_extra}
+    t0 = time.time()
+    if args.teacher:
+        result["settings"] = evals
+        pipe = Pipeline(args.work, name, evals)
+        result["teacher"] = measured(pipe, "teacher", "default", args, py)
+    else:
+        gpu = torch.cuda.is_available()
+        given = train.parse_args(shlex.split(args.extra))
+        d = {**(train.GPU_DEFAULTS if gpu else {}), **given}
+        batch, block, accum = (d.get(k, getattr(train.Settings, k)) for k in ("batch_size", "block_size", "grad_accum"))
+        per_step = batch * block * accum
+        if "block_size" in given:  # the length asked for, in every stage
+            sft_batch, sft_step = batch, per_step
+        else:
+            sft_batch = max(1, batch * block // SFT_LENGTH)
+            sft_step = sft_batch * SFT_LENGTH * accum
+        sft_tokens = args.sft_tokens or min(args.tokens // 10, os.path.getsize(os.path.join(ROOT, args.chat, "train.bin")) // 2)
+        steps = {s: max(1, round(n / per_step)) for s, n in split(args.tokens).items()}
+        steps["sft"] = max(1, round(sft_tokens / sft_step))
+        result["settings"] = {"mixer": args.mixer, "softmax_layers": args.softmax_layers, "tokens": args.tokens,
+                              "steps": steps, "tokens_per_step": per_step, "sft_tokens_per_step": sft_step,
+                              "stage_tokens": {**{s: steps[s] * per_step for s in STAGES}, "sft": steps["sft"] * sft_step},
+                              "text": args.text, "chat": args.chat, "extra": args.extra, **evals}
+        pipe = Pipeline(args.work, name, result["settings"])
+        common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
+            [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else [])
+        ckpt = {s: os.path.join(pipe.dir, args.mixer, f"stage{s}.pt") for s in (*STAGES, "sft")}
+        for s in (*STAGES, "sft"):
+            cmd = [py, "train.py", f"--stage={s}", f"--max_iters={steps[s]}", "--resume=true",
+                   f"--data_dir={args.chat if s == 'sft' else args.text}"] + common
+            if gpu and "compile" not in given:
+                cmd.append(f"--compile={str(result['settings']['stage_tokens'][s] > COMPILE_TOKENS).lower()}")
+            if s == "sft" and "block_size" not in given:
+                cmd += [f"--block_size={SFT_LENGTH}", f"--batch_size={sft_batch}"]
+            pipe.step(f"stage{s}", cmd + shlex.split(args.extra))
+            if s == "3":
+                result["after_stage3"] = measured(pipe, "stage3", ckpt["3"], args, py)
+        result["after_sft"] = measured(pipe, "sft", ckpt["sft"], args, py)
+        result["history"] = {s: stage_history(path) for s, path in ckpt.items()}
+    result["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
+    result["this_run_seconds"] = time.time() - t0
+    out = os.path.join(args.results, name + ".json")
+    write_json(out, result)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""scripts/reproduce.py and scripts/report.py: the study's split of the budget; one tiny run end
+to end on the real teacher (stages 1 -> 3, SFT, both evaluations, one JSON) that a second call
+finds done and that other settings refuse; the report built from it; the study's findings
+judged from the numbers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import report  # noqa: E402
+import reproduce  # noqa: E402
+
+
+def test_budget_splits_as_the_study_and_counts_read_like_people_write_them():
+    assert reproduce.tokens("100M") == 100_000_000 and reproduce.tokens("2.5B") == 2_500_000_000
+    assert reproduce.tokens("60k") == 60_000 and reproduce.tokens("1234") == 1234
+    parts = reproduce.split(3_000_000_000)  # the study's own budget: 80M + 160M + 2.76B
+    assert parts == {"1": 80_000_000, "2": 160_000_000, "3": 2_760_000_000}
+    parts = reproduce.split(100_000_000)
+    assert abs(sum(parts.values()) - 100_000_000) <= 2 and abs(parts["2"] - 2 * parts["1"]) <= 1
+    for bad in ("lots", "-5M", "0"):
+        with pytest.raises(Exception):
+            reproduce.tokens(bad)
+
+
+def run(args, **kw):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "reproduce.py")] + args,
+                          cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One whole run on a 2-layer teacher (the real vocabulary: the tasks and NIAH use the real
+    tokenizer) and random corpora, a few steps a stage."""
+    import checkpoint
+    import model as M
+
+    d = tmp_path_factory.mktemp("reproduce")
+    torch.manual_seed(0)
+    cfg = M.Config(n_layer=2, n_embd=64, n_head=2, n_kv_head=1, intermediate_size=128)
+    checkpoint.save(str(d / "t.pt"), M.SmolLM2(cfg))
+    rng = np.random.default_rng(0)
+    for name, chat in (("text", False), ("chat", True)):
+        os.makedirs(d / name)
+        for split in ("train", "val"):
+            rng.integers(17, 49152, 20_000).astype(np.uint16).tofile(d / name / f"{split}.bin")
+            if chat:  # the assistant's tokens: every other run of 50
+                ((np.arange(20_000) // 50) % 2).astype(np.uint8).tofile(d / name / f"{split}_mask.bin")
+    os.makedirs(d / "mc")
+    for task in ("arc_easy", "piqa"):
+        qs = [{"id": i, "requests": [[f"Question {i}:", " yes"], [f"Question {i}:", " no"]], "gold": i % 2} for i in range(4)]
+        (d / "mc" / f"{task}.jsonl").write_text("".join(json.dumps(q) + "\n" for q in qs))
+    t = d / "t.pt"
+    args = ["--mixer=gla", "--tokens=4k", "--sft_tokens=128", "--mc_limit=2", "--tasks=arc_easy,piqa",
+            f"--text={d / 'text'}", f"--chat={d / 'chat'}", f"--val={d / 'text' / 'val.bin'}",
+            f"--niah=--tasks=s_niah_1 --lengths=128 --samples=1 --depths=50 --batch_size=1 --data={d / 'text' / 'val.bin'}",
+            f"--eval_extra=--teacher={t} --mc_dir={d / 'mc'} --max_windows=1 --seq_len=64 --batch_size=2",
+            f"--extra=--teacher={t} --block_size=64 --batch_size=1 --eval_iters=1 --log_interval=10",
+            f"--work={d / 'work'}", f"--results={d / 'results'}"]
+    proc = run(args, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return d, args, json.load(open(d / "results" / "gla.json"))
+
+
+def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
+    _, _, r = tiny
+    s = r["settings"]
+    assert s["tokens_per_step"] == 64 and s["steps"]["sft"] == 2  # 128 SFT tokens at the length asked for
+    assert all(abs(s["stage_tokens"][k] - n) <= 32 for k, n in reproduce.split(4000).items())
+    assert {k: h["steps"] for k, h in r["history"].items()} == s["steps"]  # every stage ran to its end
+    for after in ("after_stage3", "after_sft"):
+        ev = r[after]["eval"]
+        assert ev["model"]["lm"]["ppl"] > 1 and ev["model"]["lm"]["kl"] > 0
+        assert set(ev["summary"]["recovery"]) >= {"arc_easy", "piqa", "avg"}
+        assert set(r[after]["niah"]["s_niah_1"]) == {"128"}
+    # SFT changed the student: its held-out perplexity moved
+    assert r["after_sft"]["eval"]["model"]["lm"]["ppl"] != r["after_stage3"]["eval"]["model"]["lm"]["ppl"]
+    assert set(r["seconds"]) == {"stage1", "stage2", "stage3", "eval_stage3", "niah_stage3", "stagesft",
+                                 "eval_sft", "niah_sft"}
+    assert r["commit"] and r["machine"] and r["command"].startswith("python scripts/reproduce.py")
+
+
+def test_a_second_call_finds_every_step_done_and_other_settings_are_refused(tiny):
+    d, args, first = tiny
+    proc = run(args, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(": done (") == 8  # no step ran again
+    again = json.load(open(d / "results" / "gla.json"))
+    assert again["after_sft"] == first["after_sft"] and again["seconds"] == first["seconds"]
+    proc = run([a if not a.startswith("--tokens") else "--tokens=8k" for a in args], timeout=300)
+    assert proc.returncode == 1 and "holds a run with other settings" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_killed_step_runs_again_and_the_rest_stays_done(tiny):
+    d, args, _ = tiny
+    state_path = d / "work" / "gla" / "done.json"
+    state = json.load(open(state_path))
+    del state["steps"]["niah_sft"]  # as if killed inside the last step
+    json.dump(state, open(state_path, "w"))
+    proc = run(args, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(": done (") == 7 and "niah_sft: " in proc.stdout
+    assert "niah_sft" in json.load(open(state_path))["steps"]
+
+
+def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
+    d, _, _ = tiny
+    report.main([f"--results={d / 'results'}", f"--out={tmp_path / 'report.md'}", f"--assets={tmp_path}"])
+    text = open(tmp_path / "report.md").read()
+    assert f"| GLA | {report.count(sum(tiny[2]['settings']['stage_tokens'][k] for k in '123'))} |" in text
+    assert "passkey 128" in text
+    assert "not measured" in text  # one student: no finding can be judged
+    for png in ("study_recovery.png", "study_niah.png", "study_loss.png"):
+        assert os.path.getsize(tmp_path / png) > 10_000
+
+
+def fake(recovery, passkey):
+    """A run as reproduce.py writes it, with just the numbers the findings read."""
+    m = {"eval": {"summary": {"recovery": {"avg": [recovery, recovery - 0.02, recovery + 0.02]}}},
+         "niah": {"s_niah_1": {str(L): a for L, a in zip((512, 1024, 2048, 4096), passkey)}}}
+    return {"after_stage3": m, "after_sft": m}
+
+
+def test_findings_are_judged_from_the_numbers():
+    runs = {n: fake(0.8, [0.5, 0.0, 0.0, 0.0]) for n in report.ORDER[:7]}
+    runs["gla"] = fake(0.9, [0.2, 0.1, 0.0, 0.0])
+    runs["gated_deltanet"] = fake(0.95, [1.0, 0.9, 0.5, 0.1])
+    lines = report.findings(runs).splitlines()
+    assert lines[0].startswith("- Gated beats ungated") and ": holds." in lines[0]
+    assert "Gated DeltaNet keeps retrieval best" in lines[1] and ": holds." in lines[1]
+    assert all(": holds." in line for line in lines[2:4])  # LA and RetNet: 0% past 512
+    runs["deltanet"] = fake(0.97, [1.0, 1.0, 1.0, 1.0])  # ungated DeltaNet now beats its gated twin
+    runs["retnet"] = fake(0.8, [0.5, 0.3, 0.0, 0.0])
+    lines = report.findings(runs).splitlines()
+    assert ": does not hold." in lines[0] and ": does not hold." in lines[1] and ": does not hold." in lines[3]
+    del runs["kda"]
+    assert "not measured (6 of the seven mixers measured)" in report.findings(runs).splitlines()[1]
