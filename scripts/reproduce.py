@@ -45,6 +45,14 @@ COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU: 95 s against
 SFT_LENGTH = 1024  # the study's SFT sequence length
 NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
 HISTORY_POINTS = 200  # train-loss points kept per stage in the JSON
+# --all: the seven students, a hybrid and the sliding-window baseline, then the teacher. The
+# hybrid keeps one softmax layer in the middle of each third of the 30 layers, evenly spaced as
+# hybrids usually interleave them, so that every part of the depth can read the exact context
+RUNS = {**{m: [f"--mixer={m}"] for m in ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet",
+                                         "kda")},
+        "hybrid": ["--mixer=gated_deltanet", "--softmax_layers=5,15,25", "--name=hybrid"],
+        "swa": ["--mixer=swa"], "teacher": ["--teacher"]}
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def tokens(text):
@@ -158,11 +166,39 @@ def measured(pipe, tag, model, args, py):
     ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
     teacher = ["--teacher=none"] if model == "default" else []
     pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}", f"--data={args.val}", f"--mc_limit={args.mc_limit}",
-                              f"--tasks={args.tasks}", f"--out={ev}"] + teacher + shlex.split(args.eval_extra))
+                              f"--tasks={args.tasks}", f"--out={ev}"] + shlex.split(args.eval_extra) + teacher)
     pipe.step(f"niah_{tag}", [py, "niah.py", f"--init_from={model}", f"--out_dir={niah_dir}"] + shlex.split(args.niah))
     out = json.load(open(ev))
     return {"eval": {k: out[k] for k in ("model", "teacher", "summary") if k in out},
             "niah": niah_table(os.path.join(niah_dir, "results.json"))}
+
+
+def run_all(argv, runs, gpus, work):
+    """Every run of `runs` as its own reproduce.py process, one a GPU at a time (CUDA_VISIBLE_DEVICES
+    set to it; one after another without GPUs), the other settings of argv passed on to each; its
+    output in <work>/<name>.out. Returns the names of the runs that failed."""
+    queue, busy, failed = list(runs), {}, []
+    slots = gpus or [None]
+    while queue or busy:
+        for slot in slots:
+            if slot not in busy and queue:
+                name = queue.pop(0)
+                env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+                if slot is not None:
+                    env["CUDA_VISIBLE_DEVICES"] = str(slot)
+                log = open(os.path.join(work, name + ".out"), "w")
+                cmd = [sys.executable, os.path.abspath(__file__)] + argv + RUNS[name]
+                busy[slot] = (name, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log)
+                print(f"{name}: started{'' if slot is None else f' on GPU {slot}'} (log {log.name})", flush=True)
+        time.sleep(0.5)
+        for slot, (name, proc, log) in list(busy.items()):
+            if proc.poll() is not None:
+                log.close()
+                del busy[slot]
+                print(f"{name}: {'finished' if proc.returncode == 0 else f'failed (exit {proc.returncode})'}", flush=True)
+                if proc.returncode:
+                    failed.append(name)
+    return failed
 
 
 def check_inputs(args):
@@ -212,7 +248,28 @@ def main(argv=None):
     ap.add_argument("--val", default=os.path.join("data", "modern", "val.bin"), help="held-out text for perplexity and KL")
     ap.add_argument("--work", default=os.path.join("out", "reproduce"), help="checkpoints and logs")
     ap.add_argument("--results", default=os.path.join("results", "study"), help="where <name>.json goes")
+    ap.add_argument("--all", action="store_true", help="every run (the seven mixers, the hybrid, swa, the teacher), "
+                    "one a GPU at a time")
+    ap.add_argument("--runs", default=",".join(RUNS), help="with --all: which of them")
     args = ap.parse_args(argv)
+    if args.all:
+        runs = [r for r in args.runs.split(",") if r]
+        if bad := [r for r in runs if r not in RUNS]:
+            ap.error(f"--runs: {bad[0]!r} is not one of {', '.join(RUNS)}")
+        if args.teacher or args.name or args.softmax_layers or any(a.startswith("--mixer") for a in argv or sys.argv[1:]):
+            ap.error("--all sets each run's mixer, name and layers itself")
+        check_inputs(args)
+        import torch
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = [g for g in visible.split(",") if g] if visible else list(range(torch.cuda.device_count()))
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith(("--all", "--runs"))]
+        failed = run_all(rest, runs, gpus, args.work)
+        if failed:
+            sys.exit(f"reproduce.py: {', '.join(failed)} failed; their logs: {args.work}/<name>.out (the same "
+                     f"command goes on from where each stopped)")
+        print(f"all {len(runs)} runs done; their results: {args.results}")
+        return
     if args.mc_limit < 0:
         ap.error(f"--mc_limit={args.mc_limit}: expected 0 (all) or more")
     if args.softmax_layers and not args.name:

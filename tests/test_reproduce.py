@@ -70,6 +70,22 @@ def tiny(tmp_path_factory):
     return d, args, json.load(open(d / "results" / "gla.json"))
 
 
+def test_all_runs_each_student_and_the_teacher_in_its_own_process(tiny):
+    d, args, _ = tiny
+    rest = [a for a in args if not a.startswith(("--mixer", "--work", "--results"))]
+    proc = run(rest + ["--all", "--runs=linear_attention,teacher", f"--work={d / 'all'}", f"--results={d / 'all_results'}"],
+               timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "linear_attention: finished" in proc.stdout and "teacher: finished" in proc.stdout
+    la = json.load(open(d / "all_results" / "linear_attention.json"))
+    assert la["settings"]["mixer"] == "linear_attention" and "after_sft" in la
+    teacher = json.load(open(d / "all_results" / "teacher.json"))
+    assert "kl" not in teacher["teacher"]["eval"]["model"]["lm"] and "s_niah_1" in teacher["teacher"]["niah"]
+    assert os.path.getsize(d / "all" / "teacher.out") > 0
+    proc = run(rest + ["--all", "--runs=gla,nope"], timeout=60)
+    assert proc.returncode == 2 and "'nope' is not one of" in proc.stderr
+
+
 def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
     _, _, r = tiny
     s = r["settings"]
