@@ -533,6 +533,9 @@ def _A_log(n):
     return nn.Parameter(torch.empty(n).uniform_(0, 16).log())
 
 
+ROW_ALIGN = 16  # channels: Triton's JIT proves 16-byte rows when a row stride divides by 16
+
+
 class MixerLayer(nn.Module):
     """What the seven mixers share. forward reads as the papers do: project x, short conv, cut
     into heads, mix (the recurrence), norm and gate, project out. A subclass declares its name,
@@ -572,7 +575,13 @@ class MixerLayer(nn.Module):
         runs the chunked form, T = 1 the step; it holds the state and the conv tail, nothing more."""
         B, T, _ = x.shape
         f = forms(self.backend, x)
-        p = dict(zip(self.widths, self.in_proj(x).split(list(self.widths.values()), -1)))  # [B, T, width] each
+        # the product's rows padded to a multiple of ROW_ALIGN channels (zero rows of the weight):
+        # the kernels that read q, k, v and the gate as slices of it then load 16 bytes at a time,
+        # where an odd row stride (2,322 for Gated DeltaNet) leaves them 2-byte loads
+        w = self.in_proj.weight
+        pad = -w.shape[0] % ROW_ALIGN
+        h = F.linear(x, torch.cat([w, w.new_zeros(pad, w.shape[1])]) if pad else w)
+        p = dict(zip(self.widths, h.split(list(self.widths.values()) + [pad], -1)))  # [B, T, width] each
         q, k, v = self.heads(f, p["qkv"], cache)  # [B, T, H, D] each
         q, k, gates = self.gates(f, p, q, k, rope)
         state = None if cache is None else cache.get("state")

@@ -451,3 +451,32 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
         if sizes[n] < 64:  # a few sums over all tokens
             limit = min(2 * torch16[1][n] + 0.05, 0.2)
         assert kern16[1][n] < limit, f"{n}: bf16 kernels off by {kern16[1][n]:.4f}, PyTorch bf16 by {torch16[1][n]:.4f}"
+
+
+@pytest.mark.parametrize("mixer", mixers.MIXERS)
+def test_projection_rows_are_aligned_and_padding_changes_nothing(mixer):
+    # at SmolLM2-135M's widths (in_proj holds 1,728 to 2,322 rows) the slices the kernels read
+    # (q, k, v and the gate) have a row stride that divides by 16, and the zero rows appended for
+    # that leave the layer's output and the weight's gradient what the plain product gives
+    cfg = model.Config(n_layer=1, vocab_size=64, mixer=mixer)
+    rope = model.SmolLM2(model.Config(n_layer=1, vocab_size=64)).rope(8)
+    x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0))
+
+    def run(align):
+        torch.manual_seed(0)
+        layer = mixers.LAYERS[mixer](cfg, 0)
+        layer.backend = "torch"
+        seen, heads = [], layer.heads
+        layer.heads = lambda f, qkv, cache: (seen.append(qkv.stride(1)), heads(f, qkv, cache))[1]
+        old, mixers.ROW_ALIGN = mixers.ROW_ALIGN, align
+        try:
+            out = layer(x, rope)
+        finally:
+            mixers.ROW_ALIGN = old
+        return out, torch.autograd.grad(out.square().sum(), layer.in_proj.weight)[0], seen[0], layer.in_proj.weight.shape[0]
+
+    out, grad, stride, rows = run(mixers.ROW_ALIGN)
+    out_plain, grad_plain, stride_plain, _ = run(1)
+    assert stride % 16 == 0 and stride == rows + (-rows % 16) and stride_plain == rows
+    torch.testing.assert_close(out, out_plain, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, grad_plain, rtol=1e-5, atol=1e-6)
