@@ -6,7 +6,8 @@ OutOfResources), and Triton's CPU interpreter never notices. This script runs th
 functions of kernels.py in the interpreter at small shapes, records every launch (kernel,
 argument dtypes, constexprs, warps, stages), compiles each distinct one offline with Triton's
 own compiler for sm_90 in subprocesses without the interpreter, and reads the shared memory
-the compiled kernel asks for.
+the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
+or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could not prove aligned.
 
     python scripts/kernel_smem.py                            # both families, fp32 and bf16, Dk 64 and 128
     python scripts/kernel_smem.py --dtypes=fp32 --dims=128 --families=delta
@@ -19,6 +20,7 @@ take 5 to 15 s each to compile on a CPU. tests/test_kernels_compile.py checks a 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -151,9 +153,16 @@ def compile_stdin():
         if key in done:
             continue
         done.add(key)
-        src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+        # what Triton's JIT assumes of a launch: pointers 16-byte aligned, integers that divide by
+        # 16 known to (it proves wide loads from these)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n not in constexpr and
+                 (args[n][0] == "ptr" or (isinstance(args[n][1], int) and args[n][1] % 16 == 0))}
+        src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-        print(json.dumps([name, consts, opts, k.metadata.shared]), flush=True)
+        ptx = k.asm["ptx"]
+        loads = {"wide": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", ptx)),
+                 "narrow": len(re.findall(r"ld\.global(?:\.\w+)*\.(?:b|u|s|f)(?:8|16)\b", ptx))}
+        print(json.dumps([name, consts, opts, k.metadata.shared, loads]), flush=True)
 
 
 def main():
@@ -181,10 +190,11 @@ def main():
     found = launches(a.dtypes.split(","), [int(d) for d in a.dims.split(",")], a.families.split(","))
     print(f"{len(found)} launches recorded; compiling for sm_90 with {a.jobs} processes", flush=True)
     rows = compile_all(found, a.jobs)
-    for name, consts, opts, shared in sorted(rows, key=lambda r: -r[3]):
+    for name, consts, opts, shared, loads in sorted(rows, key=lambda r: -r[3]):
         c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "DOT"))
         print(f"{shared:7d} B  {'OVER ' if shared > SM90_SHARED else ''}{name} {c} "
-              f"warps={opts['num_warps']} stages={opts['num_stages']}")
+              f"warps={opts['num_warps']} stages={opts['num_stages']}  global loads: {loads['wide']} vector, "
+              f"{loads['narrow']} of 1 or 2 bytes")
     over = [r for r in rows if r[3] > SM90_SHARED]
     print(f"{len(rows)} kernels compiled; {len(over)} need more than {SM90_SHARED} bytes")
     sys.exit(1 if over else 0)

@@ -29,7 +29,7 @@ def test_sequential_delta_kernels_fit_sm90_shared_memory_in_fp32():
     assert {name for name, *_ in found} == {"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"}
     rows = kernel_smem.compile_all(found, jobs=2)
     assert len(rows) >= 6  # two kernels x three gate granularities
-    assert all(shared > 0 for *_, shared in rows)
+    assert all(r[3] > 0 for r in rows)
     over = [r for r in rows if r[3] > kernel_smem.SM90_SHARED]
     assert not over, over
 
@@ -42,3 +42,13 @@ def test_the_check_sees_a_launch_that_does_not_fit():
         opts["num_stages"] = 3
     rows = kernel_smem.compile_all(found[:1], jobs=1)
     assert rows[0][3] > kernel_smem.SM90_SHARED
+
+
+def test_a_row_stride_that_divides_by_16_gives_wide_loads():
+    # the short conv reads x as a slice of a wider projection: with rows 3 H D + 8 channels apart
+    # (no multiple of 16) the compiled kernel falls back to 2-byte loads, with contiguous rows of
+    # 3 H D = 384 channels it loads 16 bytes at a time; hence mixers.ROW_ALIGN
+    found = kernel_smem.launches(dtypes=["bf16"], dims=[64], families=["glue"], kernels_={"_conv_fwd_kernel"})
+    rows = kernel_smem.compile_all(found, jobs=2)
+    loads = sorted((r[4]["narrow"], r[4]["wide"]) for r in rows)
+    assert len(loads) == 2 and loads[0][0] == 0 and loads[0][1] > 0 and loads[1][0] > 0, loads
