@@ -149,11 +149,19 @@ def findings(runs):
     return "\n".join(out)
 
 
-def legend(axes):
-    """One legend, on the last panel, of the panel with the most lines."""
+def save(fig, axes, ylabel, path):
+    """A row of panels finished (the y label, one legend of the panel with the most lines, on the
+    last) and written to path."""
+    import matplotlib.pyplot as plt
+
+    axes[0].set_ylabel(ylabel)
     handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
     if handles:
         axes[-1].legend(handles, labels, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plots(runs, assets):
@@ -200,12 +208,7 @@ def plots(runs, assets):
         ax.set_ylim(-3, 103)
         ax.set_xlabel("prompt length (tokens)")
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("accuracy (%)")
-    legend(axes)
-    fig.tight_layout()
-    paths.append(os.path.join(assets, "study_niah.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, axes, "accuracy (%)", os.path.join(assets, "study_niah.png")))
 
     stages = ("1", "2", "3", "sft")
     fig, axes = plt.subplots(1, len(stages), figsize=(16, 3.8))
@@ -218,12 +221,7 @@ def plots(runs, assets):
         ax.set_title(f"stage {s}" if s != "sft" else "SFT", fontsize=9)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("train loss")
-    legend(axes)
-    fig.tight_layout()
-    paths.append(os.path.join(assets, "study_loss.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save(fig, axes, "train loss", os.path.join(assets, "study_loss.png")))
     return paths
 
 
