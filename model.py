@@ -200,7 +200,8 @@ class Attention(nn.Module):
         B, H, _, D = q.shape
         n, W = self.n_kv_head, k.shape[2]
         q = q.reshape(B, n, H // n, D)
-        att = (q @ k.transpose(2, 3)).float() * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
+        # scores in fp32, as FlashAttention keeps them: a bf16 product would round them first
+        att = (q.float() @ k.float().transpose(2, 3)) * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
         p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
         # p @ v over W slots as S products over slices of SLOTS slots, then summed: one product of
         # two short sides over a long one would keep only a few of a GPU's cores busy

@@ -37,7 +37,13 @@ def load(results):
     """{name: run} for every <results>/*.json that reproduce.py wrote, in the study's order."""
     runs = {}
     for path in sorted(glob.glob(os.path.join(results, "*.json"))):
-        run = json.load(open(path))
+        try:
+            run = json.load(open(path))
+            for m in measures(run).values():  # what the tables read
+                m["eval"]["model"]["lm"]["ppl"], m["niah"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            print(f"report.py: skipping {path}: not a run of reproduce.py ({type(e).__name__}: {e})", file=sys.stderr)
+            continue
         if "name" in run and ("after_stage3" in run or "teacher" in run):
             runs[run["name"]] = run
     rank = {n: i for i, n in enumerate(("teacher",) + ORDER)}
@@ -70,10 +76,6 @@ def measures(run):
     return {a: run[a] for a in AFTER if a in run}
 
 
-def student_row(summary):
-    return [v for k, v in summary["rows"].items() if k != "teacher"][0]
-
-
 def pct(v):
     """A score or a recovery [value, low, high] in percent; '-' where the task was not run."""
     return "-" if v is None else f"{100 * v[0]:.1f}"
@@ -102,7 +104,7 @@ def table(runs, after):
             tokens = sum(s["stage_tokens"][k] for k in ("1", "2", "3")) + (s["stage_tokens"]["sft"] if after == "after_sft" else 0)
             cells = [label(name, run), count(tokens), f"{ev['model']['lm']['ppl']:.2f}",
                      f"{ev['model']['lm']['kl']:.3f}"] + [pct(rec.get(t)) for t in TASKS] + [
-                     f"{pct(rec['avg'])} [{100 * rec['avg'][1]:.1f}, {100 * rec['avg'][2]:.1f}]"]
+                     "-" if "avg" not in rec else f"{pct(rec['avg'])} [{100 * rec['avg'][1]:.1f}, {100 * rec['avg'][2]:.1f}]"]
         lines.append("| " + " | ".join(cells + niah) + " |")
     return "\n".join(lines)
 
@@ -113,14 +115,21 @@ def findings(runs):
 
     def rec(name):
         run = runs.get(name)
-        return run["after_stage3"]["eval"]["summary"]["recovery"]["avg"] if run and "after_stage3" in run else None
+        return run["after_stage3"]["eval"]["summary"]["recovery"].get("avg") if run and "after_stage3" in run else None
 
     pairs = [(u, g, rec(u), rec(g)) for u, g in GATED.items()]
     known = [p for p in pairs if p[2] and p[3]]
-    text = "; ".join(f"{NAMES[g]} {100 * b[0]:.1f}% vs {NAMES[u]} {100 * a[0]:.1f}%" for u, g, a, b in known)
-    verdict = "not measured" if len(known) < len(pairs) else (
-        "holds" if all(b[0] > a[0] for _, _, a, b in known) else "does not hold")
-    out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text or ''}".rstrip())
+    text = "; ".join(f"{NAMES[g]} {100 * b[0]:.1f}% [{100 * b[1]:.1f}, {100 * b[2]:.1f}] vs {NAMES[u]} "
+                     f"{100 * a[0]:.1f}% [{100 * a[1]:.1f}, {100 * a[2]:.1f}]" for u, g, a, b in known)
+    if len(known) < len(pairs):
+        verdict = "not measured"
+    elif all(b[1] > a[2] for _, _, a, b in known):  # every gated interval above its twin's
+        verdict = "holds"
+    elif any(b[2] < a[1] for _, _, a, b in known):  # a gated interval below its twin's
+        verdict = "does not hold"
+    else:
+        verdict = "not settled at this budget (the 95% intervals overlap)"
+    out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}".rstrip())
 
     def passkey(name, after="after_sft"):
         run = runs.get(name)
@@ -132,10 +141,13 @@ def findings(runs):
                    f"({len(seven)} of the seven mixers measured).")
     else:
         mean = {n: sum(passkey(n).values()) / len(passkey(n)) for n in seven}
-        best = max(mean, key=mean.get)
+        top = max(mean.values())
+        best = [n for n in seven if mean[n] == top]
+        verdict = "does not hold" if "gated_deltanet" not in best else "holds" if len(best) == 1 else \
+            "tied: " + " and ".join(NAMES[n] for n in best) + " share the best"
         ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" for n in sorted(mean, key=mean.get, reverse=True))
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
-                   f"{'holds' if best == 'gated_deltanet' else 'does not hold'}. {ranks}")
+                   f"{verdict}. {ranks}")
     for n in ("linear_attention", "retnet"):
         p = passkey(n)
         if not p:
@@ -178,7 +190,7 @@ def plots(runs, assets):
     for i, (after, name) in enumerate(AFTER.items()):
         xs, ys, errs = [], [], []
         for j, (n, r) in enumerate(students.items()):
-            if after in r:
+            if after in r and "avg" in r[after]["eval"]["summary"]["recovery"]:
                 a = r[after]["eval"]["summary"]["recovery"]["avg"]
                 xs.append(j + (i - 0.5) * width)
                 ys.append(100 * a[0])

@@ -5,7 +5,7 @@ the whole evaluation. One small JSON a run holds its settings, commit, machine, 
 number and its loss curves; scripts/report.py builds the table and the plots from them.
 
     python scripts/reproduce.py --mixer=kda --tokens=100M                 # one GPU
-    python scripts/reproduce.py --mixer=gated_deltanet --softmax_layers=7,15,23 --name=hybrid
+    python scripts/reproduce.py --mixer=gated_deltanet --softmax_layers=5,15,25 --name=hybrid
     python scripts/reproduce.py --teacher                                 # the teacher, evaluated once
     python scripts/reproduce.py --mixer=gla --tokens=60k --sft_tokens=20k --mc_limit=8 \\
         --niah="--lengths=256 --samples=1 --depths=50" --results=/tmp/r  # a CPU smoke run (minutes)
@@ -117,9 +117,10 @@ class Pipeline:
                      f"give another --name or --work, or remove that folder")
         self.settings, self.done = settings, state.get("steps", {})
 
-    def step(self, name, cmd):
-        """Run cmd (a list) unless step `name` is done; its output goes to <dir>/<name>.log."""
-        if name in self.done:
+    def step(self, name, cmd, key=None):
+        """Run cmd (a list) unless step `name` is done (with the same key: an evaluation's own
+        settings, which may change without training again); its output goes to <dir>/<name>.log."""
+        if name in self.done and self.done[name].get("key") == key:
             print(f"{name}: done ({self.done[name]['seconds']:.0f} s)", flush=True)
             return
         log = os.path.join(self.dir, name + ".log")
@@ -137,7 +138,7 @@ class Pipeline:
             print("\n".join(f"  {t}" for t in tail), file=sys.stderr)
             sys.exit(f"reproduce.py: step {name} failed (exit {proc.returncode}); its log: {log}; "
                      f"the same command goes on from this step")
-        self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": key}
         write_json(self.state_path, {"settings": self.settings, "steps": self.done})
 
 
@@ -165,9 +166,10 @@ def measured(pipe, tag, model, args, py):
     """Steps eval_<tag> and niah_<tag> on checkpoint `model`; returns their numbers."""
     ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
     teacher = ["--teacher=none"] if model == "default" else []
-    pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}", f"--data={args.val}", f"--mc_limit={args.mc_limit}",
-                              f"--tasks={args.tasks}", f"--out={ev}"] + shlex.split(args.eval_extra) + teacher)
-    pipe.step(f"niah_{tag}", [py, "niah.py", f"--init_from={model}", f"--out_dir={niah_dir}"] + shlex.split(args.niah))
+    pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + eval_args(args) + [f"--out={ev}"] + teacher,
+              key=eval_args(args))
+    niah = [f"--init_from={model}", f"--out_dir={niah_dir}"] + words("--niah", args.niah)
+    pipe.step(f"niah_{tag}", [py, "niah.py"] + niah, key=words("--niah", args.niah))
     out = json.load(open(ev))
     return {"eval": {k: out[k] for k in ("model", "teacher", "summary") if k in out},
             "niah": niah_table(os.path.join(niah_dir, "results.json"))}
@@ -201,6 +203,42 @@ def run_all(argv, runs, gpus, work):
     return failed
 
 
+def words(option, text):
+    """An option's settings for another script, split as a shell would; a one-line exit if they do not split."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        sys.exit(f"reproduce.py: {option}={text!r}: {e}")
+
+
+def eval_args(args):
+    """evaluate.py's settings for every evaluation of this run."""
+    return [f"--data={args.val}", f"--mc_limit={args.mc_limit}", f"--tasks={args.tasks}"] + words("--eval_extra", args.eval_extra)
+
+
+def check_settings(args):
+    """The settings passed on to train.py, evaluate.py and niah.py, checked by their own parsers
+    before any work (a bad one would otherwise surface after training)."""
+    import evaluate
+    import niah
+    import train
+
+    for script, parse, argv in (("evaluate.py", evaluate.get_args, ["--init_from=default"] + eval_args(args)),
+                                ("niah.py", niah.get_args, ["--init_from=default"] + words("--niah", args.niah))):
+        try:
+            parse(argv)
+        except SystemExit as e:
+            if e.code:  # argparse printed its message above
+                sys.exit(f"reproduce.py: {script} refuses these settings: {' '.join(argv)}")
+    given = train.parse_args(words("--extra", args.extra))  # its own one-line errors
+    if "max_iters" in given:
+        sys.exit("reproduce.py: --extra: --max_iters is set for each stage from --tokens")
+    for key in ("batch_size", "block_size", "grad_accum"):
+        if given.get(key, 1) < 1:
+            sys.exit(f"reproduce.py: --extra: --{key}={given[key]}: expected an integer >= 1")
+    return given
+
+
 def check_inputs(args):
     """One line, before any work, for what a run needs and does not find."""
     need = [(args.val, "python data/modern/prepare.py")]
@@ -229,7 +267,9 @@ def check_inputs(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 allow_abbrev=False)
     ap.add_argument("--mixer", default="gated_deltanet", help="the student's token mixer (swa: the sliding-window baseline)")
     ap.add_argument("--softmax_layers", default="", help="layers kept as softmax attention (a hybrid), e.g. 7,15,23")
     ap.add_argument("--name", default="", help="the run's name (default: the mixer's; hybrid runs need one)")
@@ -256,14 +296,19 @@ def main(argv=None):
         runs = [r for r in args.runs.split(",") if r]
         if bad := [r for r in runs if r not in RUNS]:
             ap.error(f"--runs: {bad[0]!r} is not one of {', '.join(RUNS)}")
-        if args.teacher or args.name or args.softmax_layers or any(a.startswith("--mixer") for a in argv or sys.argv[1:]):
+        if args.teacher or args.name or args.softmax_layers or any(a.startswith("--mixer") for a in argv):
             ap.error("--all sets each run's mixer, name and layers itself")
         check_inputs(args)
+        check_settings(args)
         import torch
 
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = [g for g in visible.split(",") if g] if visible else list(range(torch.cuda.device_count()))
-        rest = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith(("--all", "--runs"))]
+        rest, skip = [], False
+        for a in argv:  # every setting but --all and --runs (given as --runs=x or --runs x)
+            if not skip and a != "--all" and not a.startswith("--runs"):
+                rest.append(a)
+            skip = a == "--runs"
         failed = run_all(rest, runs, gpus, args.work)
         if failed:
             sys.exit(f"reproduce.py: {', '.join(failed)} failed; their logs: {args.work}/<name>.out (the same "
@@ -278,6 +323,7 @@ def main(argv=None):
     if not re.fullmatch(r"[\w.-]+", name):
         ap.error(f"--name={name!r}: letters, digits, '.', '_' and '-' only")
     check_inputs(args)
+    given = check_settings(args)
 
     import torch
 
@@ -285,18 +331,16 @@ def main(argv=None):
 
     py = sys.executable
     result = {"name": name, "commit": commit(), "machine": machine(), "date": time.strftime("%Y-%m-%d"),
-              "command": " ".join(["python", "scripts/reproduce.py"] + [shlex.quote(a) for a in
-                                                                       (sys.argv[1:] if argv is None else argv)])}
+              "command": " ".join(["python", "scripts/reproduce.py"] + [shlex.quote(a) for a in argv])}
     evals = {"val": args.val, "mc_limit": args.mc_limit, "tasks": args.tasks, "niah": args.niah,
-             "eval_extra": args.eval_extra}
+             "eval_extra": args.eval_extra}  # recorded; a change reruns the evaluations alone
     t0 = time.time()
     if args.teacher:
         result["settings"] = evals
-        pipe = Pipeline(args.work, name, evals)
+        pipe = Pipeline(args.work, name, {})
         result["teacher"] = measured(pipe, "teacher", "default", args, py)
     else:
         gpu = torch.cuda.is_available()
-        given = train.parse_args(shlex.split(args.extra))
         d = {**(train.GPU_DEFAULTS if gpu else {}), **given}
         batch, block, accum = (d.get(k, getattr(train.Settings, k)) for k in ("batch_size", "block_size", "grad_accum"))
         per_step = batch * block * accum
@@ -311,8 +355,9 @@ def main(argv=None):
         result["settings"] = {"mixer": args.mixer, "softmax_layers": args.softmax_layers, "tokens": args.tokens,
                               "steps": steps, "tokens_per_step": per_step, "sft_tokens_per_step": sft_step,
                               "stage_tokens": {**{s: steps[s] * per_step for s in STAGES}, "sft": steps["sft"] * sft_step},
-                              "text": args.text, "chat": args.chat, "extra": args.extra, **evals}
-        pipe = Pipeline(args.work, name, result["settings"])
+                              "text": args.text, "chat": args.chat, "extra": args.extra}
+        pipe = Pipeline(args.work, name, dict(result["settings"]))
+        result["settings"].update(evals)
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
             [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else [])
         ckpt = {s: os.path.join(pipe.dir, args.mixer, f"stage{s}.pt") for s in (*STAGES, "sft")}
@@ -323,7 +368,7 @@ def main(argv=None):
                 cmd.append(f"--compile={str(result['settings']['stage_tokens'][s] > COMPILE_TOKENS).lower()}")
             if s == "sft" and "block_size" not in given:
                 cmd += [f"--block_size={SFT_LENGTH}", f"--batch_size={sft_batch}"]
-            pipe.step(f"stage{s}", cmd + shlex.split(args.extra))
+            pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
                 result["after_stage3"] = measured(pipe, "stage3", ckpt["3"], args, py)
         result["after_sft"] = measured(pipe, "sft", ckpt["sft"], args, py)

@@ -108,3 +108,23 @@ def test_graphed_step_on_gpu_gives_the_plain_tokens(name):
     assert torch.equal(got, want)
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(15)]
     torch.testing.assert_close(torch.stack(logits, 1), plain_logits(net, idx, want), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@torch.no_grad()
+@pytest.mark.parametrize("window", [0, 700])
+def test_static_attention_in_bf16_on_gpu_is_as_close_as_flash_attention(window):
+    # bf16 as decoding runs: the static step's logits against the plain loop's (FlashAttention
+    # over the growing cache), both against fp32
+    torch.manual_seed(0)
+    teacher = M.SmolLM2(M.Config(**{**CFG, "n_layer": 2, "vocab_size": 256}))
+    net = (checkpoint.student_from_teacher(teacher, "swa", window=window) if window else teacher).cuda().eval()
+    idx = torch.randint(0, 256, (2, 1030), generator=torch.Generator().manual_seed(3)).cuda()
+    tokens = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(4)).cuda()
+    exact = plain_logits(net, idx, tokens)
+    net16 = net.to(torch.bfloat16)
+    dec = decode.Decoder(net16, idx, 6)
+    static = torch.stack([dec.logits.float()] + [dec.step(tokens[:, i]).float() for i in range(5)], 1)
+    plain = plain_logits(net16, idx, tokens).float()
+    err = lambda a: ((a - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert err(static) < 2 * err(plain) + 1e-3, (err(static), err(plain))

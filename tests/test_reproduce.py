@@ -84,6 +84,9 @@ def test_all_runs_each_student_and_the_teacher_in_its_own_process(tiny):
     assert os.path.getsize(d / "all" / "teacher.out") > 0
     proc = run(rest + ["--all", "--runs=gla,nope"], timeout=60)
     assert proc.returncode == 2 and "'nope' is not one of" in proc.stderr
+    proc = run(rest + ["--all", "--runs", "linear_attention", f"--work={d / 'all'}", f"--results={d / 'all_results'}"],
+               timeout=300)  # --runs and its value apart: the children get neither
+    assert proc.returncode == 0 and "linear_attention: finished" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
@@ -114,6 +117,23 @@ def test_a_second_call_finds_every_step_done_and_other_settings_are_refused(tiny
     proc = run([a if not a.startswith("--tokens") else "--tokens=8k" for a in args], timeout=300)
     assert proc.returncode == 1 and "holds a run with other settings" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_first(tiny, tmp_path):
+    d, args, _ = tiny
+    niah = [a for a in args if a.startswith("--niah=")][0]
+    changed = [a if a != niah else niah.replace("--depths=50", "--depths=25") for a in args]
+    proc = run(changed, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(": done (") == 6 and "niah_stage3: " in proc.stdout and "niah_sft: " in proc.stdout
+    assert run(args, timeout=300).stdout.count(": done (") == 6  # and back
+    fresh = [a for a in args if not a.startswith(("--work", "--results"))] + [f"--work={tmp_path}", f"--results={tmp_path}"]
+    for bad, says in (("--niah=--lengths=abc", "niah.py refuses these settings"), ("--extra=\"", "--extra="),
+                      ("--extra=--block_size=0", "--block_size=0"), ("--eval_extra=--max_windows=0", "evaluate.py refuses"),
+                      ("--extra=--max_iters=5", "--max_iters is set for each stage")):
+        proc = run([a for a in fresh if not a.startswith(bad.split("=")[0] + "=")] + [bad], timeout=120)
+        assert proc.returncode == 1 and says in proc.stderr.strip().splitlines()[-1], (bad, proc.stderr)
+        assert not os.path.exists(tmp_path / "gla" / "stage1.log")  # refused before any step
 
 
 def test_a_killed_step_runs_again_and_the_rest_stays_done(tiny):
@@ -151,12 +171,29 @@ def test_findings_are_judged_from_the_numbers():
     runs["gla"] = fake(0.9, [0.2, 0.1, 0.0, 0.0])
     runs["gated_deltanet"] = fake(0.95, [1.0, 0.9, 0.5, 0.1])
     lines = report.findings(runs).splitlines()
-    assert lines[0].startswith("- Gated beats ungated") and ": holds." in lines[0]
+    assert lines[0].startswith("- Gated beats ungated") and ": holds." in lines[0]  # intervals of +-2 points apart
     assert "Gated DeltaNet keeps retrieval best" in lines[1] and ": holds." in lines[1]
     assert all(": holds." in line for line in lines[2:4])  # LA and RetNet: 0% past 512
-    runs["deltanet"] = fake(0.97, [1.0, 1.0, 1.0, 1.0])  # ungated DeltaNet now beats its gated twin
+    runs["gla"] = fake(0.81, [0.2, 0.1, 0.0, 0.0])  # [79, 83] against Linear Attention's [78, 82]
+    assert "not settled at this budget" in report.findings(runs).splitlines()[0]
+    runs["deltanet"] = fake(1.0, [1.0, 0.9, 0.5, 0.1])  # ungated DeltaNet above its gated twin, tied on the passkey
+    lines = report.findings(runs).splitlines()
+    assert ": does not hold." in lines[0] and "tied: DeltaNet and Gated DeltaNet share the best" in lines[1]
+    runs["deltanet"] = fake(1.0, [1.0, 1.0, 1.0, 1.0])
     runs["retnet"] = fake(0.8, [0.5, 0.3, 0.0, 0.0])
     lines = report.findings(runs).splitlines()
-    assert ": does not hold." in lines[0] and ": does not hold." in lines[1] and ": does not hold." in lines[3]
+    assert ": does not hold." in lines[1] and ": does not hold." in lines[3]
     del runs["kda"]
     assert "not measured (6 of the seven mixers measured)" in report.findings(runs).splitlines()[1]
+
+
+def test_the_report_skips_files_that_are_not_runs(tiny, tmp_path, capsys):
+    d, _, _ = tiny
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "gla.json").write_text((d / "results" / "gla.json").read_text())
+    (tmp_path / "r" / "broken.json").write_text("{not json")
+    (tmp_path / "r" / "other.json").write_text('{"name": "x", "after_stage3": {}}')
+    report.main([f"--results={tmp_path / 'r'}", f"--assets={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("report.py: skipping") for line in err)
+    assert "| GLA |" in (tmp_path / "r" / "report.md").read_text()
