@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -129,10 +130,15 @@ class Pipeline:
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            for line in proc.stdout:  # the log whole, and its progress lines on the terminal
-                f.write(line)
-                if line.startswith(("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|")):
-                    print(f"  {line.rstrip()}", flush=True)
+            try:
+                for line in proc.stdout:  # the log whole, and its progress lines on the terminal
+                    f.write(line)
+                    if line.startswith(("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|")):
+                        print(f"  {line.rstrip()}", flush=True)
+            finally:  # stopped (SIGTERM, Ctrl-C): the step's process stops too
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
         if proc.wait():
             tail = open(log).read().strip().splitlines()[-3:]
             print("\n".join(f"  {t}" for t in tail), file=sys.stderr)
@@ -181,6 +187,18 @@ def run_all(argv, runs, gpus, work):
     output in <work>/<name>.out. Returns the names of the runs that failed."""
     queue, busy, failed = list(runs), {}, []
     slots = gpus or [None]
+    try:
+        _schedule(argv, runs, queue, busy, failed, slots, work)
+    finally:  # a stopped --all stops its runs too (each goes on from its last step when started again)
+        for name, proc, log in busy.values():
+            proc.terminate()
+            proc.wait()
+            log.close()
+    return failed
+
+
+def _schedule(argv, runs, queue, busy, failed, slots, work):
+    """run_all's loop: start a run on each free slot, collect the finished ones."""
     while queue or busy:
         for slot in slots:
             if slot not in busy and queue:
@@ -200,7 +218,6 @@ def run_all(argv, runs, gpus, work):
                 print(f"{name}: {'finished' if proc.returncode == 0 else f'failed (exit {proc.returncode})'}", flush=True)
                 if proc.returncode:
                     failed.append(name)
-    return failed
 
 
 def words(option, text):
@@ -268,6 +285,8 @@ def check_inputs(args):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if __name__ == "__main__":  # a stop (kill, timeout) unwinds, so the processes it started stop too
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit("reproduce.py: stopped; the same command goes on from here"))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False)
     ap.add_argument("--mixer", default="gated_deltanet", help="the student's token mixer (swa: the sliding-window baseline)")
