@@ -485,7 +485,8 @@ def main(argv=None):
         if master and (step % s.eval_interval == 0 or step == s.max_iters):
             eval_and_save()
             t_last = time.time()  # eval time is not step time
-    if ddp:
+    if ddp:  # every rank waits for rank 0's last eval and checkpoint: gloo can abort a rank that leaves first
+        dist.barrier()
         dist.destroy_process_group()
     return history
 
