@@ -289,6 +289,7 @@ def main(argv=None):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit("reproduce.py: stopped; the same command goes on from here"))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False)
+    ap.error = lambda msg: sys.exit(f"reproduce.py: {msg} (--help lists the settings)")  # one line, no usage block
     ap.add_argument("--mixer", default="gated_deltanet", help="the student's token mixer (swa: the sliding-window baseline)")
     ap.add_argument("--softmax_layers", default="", help="layers kept as softmax attention (a hybrid), e.g. 7,15,23")
     ap.add_argument("--name", default="", help="the run's name (default: the mixer's; hybrid runs need one)")
