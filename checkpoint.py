@@ -288,6 +288,12 @@ def check_writable(folder, what):
         raise ValueError(f"{what}: cannot write in {folder or '.'} ({e.strerror or e})") from None
 
 
+def check_device(device):
+    """A ValueError naming --device when it asks for CUDA on a machine without a GPU."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device={device}: no CUDA GPU here (--device=cpu runs on the CPU)")
+
+
 def _nbytes(obj):
     """Bytes of the tensors inside nested dicts, lists and tuples."""
     if torch.is_tensor(obj):
@@ -394,8 +400,7 @@ def load_from_args(args):
     """(model in eval mode, tokenizer) from the options add_args() added; a bad setting or a
     missing or bad checkpoint ends the script with a one-line message instead of a traceback."""
     try:
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"--device={args.device}: no CUDA GPU here (--device=cpu runs on the CPU)")
+        check_device(args.device)
         if args.mixer:
             M.check_mixer(args.mixer)
         mixers.check_backend(args.backend, args.device)

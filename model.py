@@ -180,7 +180,6 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, C)
         return self.o_proj(y)
 
-
     def static_step(self, q, k, v, cache):
         """Attention of one new token (q, k, v [B, H, 1, D]) over a cache of fixed length W, as
         decode.py keeps it: keys and values [B, n_kv, W, D], written at slot pos % W, and

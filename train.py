@@ -164,8 +164,10 @@ def settings(argv):
     for key, ok, want in RANGES:
         if not ok(getattr(s, key)):
             fail(f"--{key}={getattr(s, key)!r}: expected {want}")
-    if s.device.startswith("cuda") and not torch.cuda.is_available():
-        fail(f"--device={s.device}: no CUDA GPU here (--device=cpu runs on the CPU)")
+    try:
+        checkpoint.check_device(s.device)
+    except ValueError as e:
+        fail(e)
     return s, state
 
 

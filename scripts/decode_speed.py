@@ -190,8 +190,10 @@ def main(argv=None):
         ap.error(str(e))
     if min(lengths) < 1 or min(args.B, args.steps, args.rounds) < 1:
         ap.error("lengths, B, steps and rounds must be >= 1")
-    if args.device.startswith("cuda") and not cuda:
-        ap.error("--device=cuda: no CUDA GPU here")
+    try:
+        checkpoint.check_device(args.device)
+    except ValueError as e:
+        ap.error(str(e))
     dev, dtype = torch.device(args.device), getattr(torch, args.dtype)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     out = open(args.out, "a")

@@ -172,10 +172,10 @@ def measured(pipe, tag, model, args, py):
     """Steps eval_<tag> and niah_<tag> on checkpoint `model`; returns their numbers."""
     ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
     teacher = ["--teacher=none"] if model == "default" else []
-    pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + eval_args(args) + [f"--out={ev}"] + teacher,
-              key=eval_args(args))
-    niah = [f"--init_from={model}", f"--out_dir={niah_dir}"] + words("--niah", args.niah)
-    pipe.step(f"niah_{tag}", [py, "niah.py"] + niah, key=words("--niah", args.niah))
+    evaluation, niah = eval_args(args), words("--niah", args.niah)
+    pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + evaluation + [f"--out={ev}"] + teacher,
+              key=evaluation)
+    pipe.step(f"niah_{tag}", [py, "niah.py", f"--init_from={model}", f"--out_dir={niah_dir}"] + niah, key=niah)
     out = json.load(open(ev))
     return {"eval": {k: out[k] for k in ("model", "teacher", "summary") if k in out},
             "niah": niah_table(os.path.join(niah_dir, "results.json"))}
@@ -186,38 +186,34 @@ def run_all(argv, runs, gpus, work):
     set to it; one after another without GPUs), the other settings of argv passed on to each; its
     output in <work>/<name>.out. Returns the names of the runs that failed."""
     queue, busy, failed = list(runs), {}, []
-    slots = gpus or [None]
     try:
-        _schedule(argv, runs, queue, busy, failed, slots, work)
+        while queue or busy:
+            for slot in gpus or [None]:
+                if slot not in busy and queue:
+                    name = queue.pop(0)
+                    env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+                    if slot is not None:
+                        env["CUDA_VISIBLE_DEVICES"] = str(slot)
+                    log = open(os.path.join(work, name + ".out"), "w")
+                    cmd = [sys.executable, os.path.abspath(__file__)] + argv + RUNS[name]
+                    busy[slot] = (name, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+                                  log)
+                    print(f"{name}: started{'' if slot is None else f' on GPU {slot}'} (log {log.name})", flush=True)
+            time.sleep(0.5)
+            for slot, (name, proc, log) in list(busy.items()):
+                if proc.poll() is not None:
+                    log.close()
+                    del busy[slot]
+                    print(f"{name}: {'finished' if proc.returncode == 0 else f'failed (exit {proc.returncode})'}",
+                          flush=True)
+                    if proc.returncode:
+                        failed.append(name)
     finally:  # a stopped --all stops its runs too (each goes on from its last step when started again)
         for name, proc, log in busy.values():
             proc.terminate()
             proc.wait()
             log.close()
     return failed
-
-
-def _schedule(argv, runs, queue, busy, failed, slots, work):
-    """run_all's loop: start a run on each free slot, collect the finished ones."""
-    while queue or busy:
-        for slot in slots:
-            if slot not in busy and queue:
-                name = queue.pop(0)
-                env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-                if slot is not None:
-                    env["CUDA_VISIBLE_DEVICES"] = str(slot)
-                log = open(os.path.join(work, name + ".out"), "w")
-                cmd = [sys.executable, os.path.abspath(__file__)] + argv + RUNS[name]
-                busy[slot] = (name, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log)
-                print(f"{name}: started{'' if slot is None else f' on GPU {slot}'} (log {log.name})", flush=True)
-        time.sleep(0.5)
-        for slot, (name, proc, log) in list(busy.items()):
-            if proc.poll() is not None:
-                log.close()
-                del busy[slot]
-                print(f"{name}: {'finished' if proc.returncode == 0 else f'failed (exit {proc.returncode})'}", flush=True)
-                if proc.returncode:
-                    failed.append(name)
 
 
 def words(option, text):
@@ -267,20 +263,16 @@ def check_inputs(args):
     for path, fix in need:
         if not os.path.exists(os.path.join(ROOT, path)):
             sys.exit(f"reproduce.py: {path} not found; build it with: {fix}")
+    import checkpoint
     import model as M
 
-    if not args.teacher:
-        try:
+    try:
+        if not args.teacher:
             M.check_mixer(args.mixer, M.MIXERS[1:])
-        except ValueError as e:
-            sys.exit(f"reproduce.py: --mixer: {e}")
-    for d in (args.work, args.results):
-        try:
-            os.makedirs(d, exist_ok=True)
-            if not os.access(d, os.W_OK):
-                raise PermissionError(f"{d} is not writable")
-        except OSError as e:
-            sys.exit(f"reproduce.py: cannot write to {d} ({e})")
+        checkpoint.check_writable(args.work, f"--work={args.work}")
+        checkpoint.check_writable(args.results, f"--results={args.results}")
+    except ValueError as e:
+        sys.exit(f"reproduce.py: {e}")
 
 
 def main(argv=None):
@@ -312,6 +304,8 @@ def main(argv=None):
                     "one a GPU at a time")
     ap.add_argument("--runs", default=",".join(RUNS), help="with --all: which of them")
     args = ap.parse_args(argv)
+    if args.mc_limit < 0:
+        ap.error(f"--mc_limit={args.mc_limit}: expected 0 (all) or more")
     if args.all:
         runs = [r for r in args.runs.split(",") if r]
         if bad := [r for r in runs if r not in RUNS]:
@@ -335,8 +329,6 @@ def main(argv=None):
                      f"command goes on from where each stopped)")
         print(f"all {len(runs)} runs done; their results: {args.results}")
         return
-    if args.mc_limit < 0:
-        ap.error(f"--mc_limit={args.mc_limit}: expected 0 (all) or more")
     if args.softmax_layers and not args.name:
         ap.error("--softmax_layers: a hybrid needs its own --name (its checkpoints and results go there)")
     name = "teacher" if args.teacher else args.name or args.mixer
