@@ -129,7 +129,7 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
     assert run(args, timeout=300).stdout.count(": done (") == 6  # and back
     fresh = [a for a in args if not a.startswith(("--work", "--results"))] + [f"--work={tmp_path}", f"--results={tmp_path}"]
     for bad, says in (("--niah=--lengths=abc", "niah.py refuses these settings"), ("--extra=\"", "--extra="),
-                      ("--extra=--block_size=0", "--block_size=0"), ("--eval_extra=--max_windows=0", "evaluate.py refuses"),
+                      ("--extra=--block_size=0", "--block_size=0"), (f"--eval_extra=--mc_dir={d / 'mc'} --max_windows=0", "evaluate.py refuses"),
                       ("--extra=--max_iters=5", "--max_iters is set for each stage")):
         proc = run([a for a in fresh if not a.startswith(bad.split("=")[0] + "=")] + [bad], timeout=120)
         assert proc.returncode == 1 and says in proc.stderr.strip().splitlines()[-1], (bad, proc.stderr)
