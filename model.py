@@ -198,9 +198,15 @@ class Attention(nn.Module):
         k, v = cache["k"], cache["v"]  # (B, n_kv, W, D)
         B, H, _, D = q.shape
         n, W = self.n_kv_head, k.shape[2]
-        q = q.reshape(B, n, H // n, D)
-        # scores in fp32, as FlashAttention keeps them: a bf16 product would round them first
-        att = (q.float() @ k.float().transpose(2, 3)) * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
+        q, kt = q.reshape(B * n, H // n, D), k.view(B * n, W, D).transpose(1, 2)
+        # scores in fp32, as FlashAttention keeps them: a bf16 product would round them first. On
+        # CUDA the product reads the bf16 cache as it is and sums and writes in fp32; elsewhere
+        # the same numbers come from fp32 copies
+        if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            att = torch.bmm(q, kt, out_dtype=torch.float32)
+        else:
+            att = torch.bmm(q.float(), kt.float())
+        att = att.view(B, n, H // n, W) * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
         p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
         # p @ v over W slots as S products over slices of SLOTS slots, then summed: one product of
         # two short sides over a long one would keep only a few of a GPU's cores busy
