@@ -95,6 +95,13 @@ def _pow2(n, lo=16):
     return max(lo, triton.next_power_of_2(n))
 
 
+def _dot_precision(x):
+    """tl.dot's input_precision (a constexpr DOT) for inputs like x: fp32 inputs get exact fp32
+    products (slow; for checking against references), anything else Triton's default, where
+    fp32 operands go through tf32."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
 def _check_qkv(q, k, v):
     """Assert the shared layout: q, k [B, T, H, Dk] and v [B, T, H, Dv], one device."""
     assert q.dim() == 4 and q.shape == k.shape, f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [B,T,H,Dk]"
@@ -901,12 +908,6 @@ _DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
 
-def _delta_dot_precision(x):
-    # fp32 inputs get exact fp32 products (slow; for checking against references), anything
-    # else Triton's default, where fp32 operands go through tf32
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
 # ----------------------------------------------------------------------------------------
 # 3.1 delta-rule helpers
 # ----------------------------------------------------------------------------------------
@@ -1541,7 +1542,7 @@ def _delta_seq_stages(q, BK):
 def _delta_prepare(q, k, v, beta, g, scale, gate):
     """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
-    BT, BC, dot = _DELTA_BT, _DELTA_BC, _delta_dot_precision(q)
+    BT, BC, dot = _DELTA_BT, _DELTA_BC, _dot_precision(q)
     gc = q  # placeholder pointer when there is no gate (GATE 0 never reads it)
     if gate:
         gc = torch.empty((B, Tp, H, K) if gate == 3 else (B, Tp, H), device=q.device, dtype=torch.float32)
@@ -1558,7 +1559,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate):
 def _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht):
     """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
-    BT, dot = _DELTA_BT, _delta_dot_precision(q)
+    BT, dot = _DELTA_BT, _dot_precision(q)
     w, u = torch.empty_like(k), torch.empty_like(v)
     _delta_wu_kernel[(NT, B * H)](k, v, beta, gc, Ai, w, u, T, Tp, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                                   GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
@@ -1589,7 +1590,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, gate)
     _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
-    o, dot = torch.empty_like(v), _delta_dot_precision(q)
+    o, dot = torch.empty_like(v), _dot_precision(q)
     _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
         GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
@@ -1615,7 +1616,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     none); dg absent without a gate, dh0 without an initial state."""
     gate = _delta_gate_code(g)
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
-    BT, dot = _DELTA_BT, _delta_dot_precision(q)
+    BT, dot = _DELTA_BT, _dot_precision(q)
     if not gate:
         gc = q  # placeholder pointer (GATE 0 never reads it)
     do = do.contiguous()
