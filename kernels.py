@@ -118,7 +118,7 @@ def _check_qkv(q, k, v):
 #     O       = scale * [ (Q * exp(G)) h_c + (tril(Q K^T) * exp(G_i - G_j)) V ]
 #     h_{c+1} = exp(G_L) * h_c + (K * exp(G_L - G))^T V
 # Every exponent the kernels take is <= 0 (differences "later minus earlier" of G),
-# so no gate, however extreme, overflows.
+# so no gate, however extreme, overflows (one exception, bounded gates below: <= 80).
 #
 # The gate g comes in four granularities, a constexpr GATE in every kernel:
 #     0  none                       linear attention
@@ -130,7 +130,17 @@ def _check_qkv(q, k, v):
 # different factor in every key channel. Those kernels split the chunk into sub-chunks of
 # BC = 16 rows; a pair of different sub-chunks (I later than J) is one dot of
 # Q_I * exp(G_I - G_r) with K_J * exp(G_r - G_J), where r is the first row of I (both
-# factors <= 1); a diagonal sub-chunk is summed exactly in fp32, one key row at a time.
+# factors <= 1). A diagonal sub-chunk (J = I) takes one of two paths, a constexpr BOUNDED:
+#     0  any gates: summed exactly in fp32, one key row at a time (BC steps, no tensor cores)
+#     1  the caller guarantees g >= gate_min with -gate_min * (BC - 1) <= 80: one dot of the
+#        same form and r, Q_I * exp(G_I - G_r) <= 1 with K_I * exp(G_r - G_I) <= e^80 (under
+#        fp32 exp's overflow at ~88), fp32 operands at input_precision DOT; the mask comes
+#        after the dot, by tl.where (entries above the diagonal may be huge: never times 0),
+#        and the undecayed i = j term q_i . k_i is added exactly. r must be the first row:
+#        any later anchor lets gates after row i reach row i's output through rounding.
+# The backward's diagonal blocks (dV, dQ, dK) take the same two paths, with the same r; the
+# exact i = j term keeps q * dq - k * dk (dG) cancelling there as on path 0. fp16 inputs
+# keep path 0 (their 5-bit exponent does not hold e^80).
 #
 # Backward (gradients of the chunk formulas above):
 #     dh_c   = exp(G_L) * dh_{c+1} + (scale Q * exp(G))^T dO           (reverse over chunks)
@@ -144,6 +154,7 @@ def _check_qkv(q, k, v):
 #     (the state gradient dh_{c+1} already carries everything later chunks need).
 
 _ADD_BC = 16  # sub-chunk rows for per-channel decays; tl.dot's smallest side
+_ADD_SPAN = 80  # bounded gates: the most a sub-chunk's G may fall below its first row (fp32 exp: ~88)
 
 
 @triton.jit
@@ -279,12 +290,13 @@ def _add_fwd_out_kernel(q, k, v, g, hs, o, scale, T, NT,
 def _add_fwd_out_channel_kernel(q, k, v, g, hs, o, scale, T, Tp, NT,
                                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                 BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                                BV: tl.constexpr):
+                                BV: tl.constexpr, BOUNDED: tl.constexpr, DOT: tl.constexpr):
     """Outputs of one sub-chunk I of BC rows for per-channel gates (GATE 3).
 
     One program per (value block, chunk * sub-chunk, batch * head); BK covers all of K.
     The state term, then one dot per earlier sub-chunk J against a reference row r (first
-    row of I), then the diagonal sub-chunk exactly, key row by key row.
+    row of I), then the diagonal sub-chunk: BOUNDED, one more dot against r; else exactly,
+    key row by key row.
     """
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -320,16 +332,27 @@ def _add_fwd_out_channel_kernel(q, k, v, g, hs, o, scale, T, Tp, NT,
         b_v = tl.load(v + o_rk[:, None] * V + o_v[None, :], mask=m_tj[:, None] & m_v[None, :], other=0.0)
         b_A = tl.dot(b_qr, tl.trans(b_kr))  # [BC, BC]
         b_o += tl.dot(b_A.to(b_v.dtype), b_v)
-    # the diagonal sub-chunk, exact: column j of the scores, then its rank-1 update
-    for j in tl.static_range(BC):
-        o_tj = i_t * BT + i_i * BC + j
-        o_rk = ((i_b * T + o_tj) * H + i_h).to(tl.int64)
-        b_kj = tl.load(k + o_rk * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_gj = tl.load(g + ((i_b * Tp + o_tj) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
-        b_vj = tl.load(v + o_rk * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_decay = tl.exp(tl.where((o_c >= j)[:, None], b_g - b_gj[None, :], float("-inf")))
-        b_a = tl.sum(b_q * b_kj[None, :] * b_decay, axis=1)  # [BC]
-        b_o += b_a[:, None] * b_vj[None, :]
+    if BOUNDED:
+        # the diagonal sub-chunk, one fp32 dot against r: exp(G_r - G_j) <= e^80, the mask after
+        # the dot (j < i), and the undecayed i = j term q_i . k_i exactly
+        b_k = tl.load(k + o_rq[:, None] * K + o_k[None, :], mask=m_ti[:, None] & m_k[None, :], other=0.0)
+        b_v = tl.load(v + o_rq[:, None] * V + o_v[None, :], mask=m_ti[:, None] & m_v[None, :], other=0.0)
+        b_k, b_v = b_k.to(tl.float32), b_v.to(tl.float32)
+        b_A = tl.dot(b_q * tl.exp(b_g - b_gr[None, :]), tl.trans(b_k * tl.exp(b_gr[None, :] - b_g)),
+                     input_precision=DOT)
+        b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0)
+        b_o += tl.dot(b_A, b_v, input_precision=DOT) + tl.sum(b_q * b_k, axis=1)[:, None] * b_v
+    else:
+        # the diagonal sub-chunk exactly: column j of the scores, then its rank-1 update
+        for j in tl.static_range(BC):
+            o_tj = i_t * BT + i_i * BC + j
+            o_rk = ((i_b * T + o_tj) * H + i_h).to(tl.int64)
+            b_kj = tl.load(k + o_rk * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_gj = tl.load(g + ((i_b * Tp + o_tj) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
+            b_vj = tl.load(v + o_rk * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_decay = tl.exp(tl.where((o_c >= j)[:, None], b_g - b_gj[None, :], float("-inf")))
+            b_a = tl.sum(b_q * b_kj[None, :] * b_decay, axis=1)  # [BC]
+            b_o += b_a[:, None] * b_vj[None, :]
     tl.store(o + o_rq[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=m_ti[:, None] & m_v[None, :])
 
@@ -493,12 +516,12 @@ def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
 def _add_bwd_dv_channel_kernel(q, k, g, do, dhs, dv, scale, T, Tp, NT,
                                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                               BV: tl.constexpr):
+                               BV: tl.constexpr, BOUNDED: tl.constexpr, DOT: tl.constexpr):
     """dV of one sub-chunk I of key rows for per-channel gates (GATE 3).
 
     One program per (value block, chunk * sub-chunk, batch * head); BK covers all of K.
     The state-gradient term, one dot per later sub-chunk J (reference row r = first row
-    of J), then the diagonal exactly.
+    of J), then the diagonal: BOUNDED, one more dot against the first row of I; else exactly.
     """
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_v, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -536,16 +559,30 @@ def _add_bwd_dv_channel_kernel(q, k, g, do, dhs, dv, scale, T, Tp, NT,
         b_doj = tl.load(do + o_rq[:, None] * V + o_v[None, :], mask=m_tj[:, None] & m_v[None, :], other=0.0)
         b_At = tl.dot(b_kr, tl.trans(b_qr))  # [BC keys, BC queries]
         b_dv += tl.dot(b_At.to(b_doj.dtype), b_doj)
-    # the diagonal sub-chunk, exact: one query row j at a time
-    for j in tl.static_range(BC):
-        o_tj = i_t * BT + i_i * BC + j
-        o_rq = ((i_b * T + o_tj) * H + i_h).to(tl.int64)
-        b_qj = tl.load(q + o_rq * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32) * scale
-        b_gj = tl.load(g + ((i_b * Tp + o_tj) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
-        b_doj = tl.load(do + o_rq * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_decay = tl.exp(tl.where((o_c <= j)[:, None], b_gj[None, :] - b_g, float("-inf")))
-        b_a = tl.sum(b_k * b_qj[None, :] * b_decay, axis=1)  # [BC]: A[j, keys]
-        b_dv += b_a[:, None] * b_doj[None, :]
+    if BOUNDED:
+        # the diagonal sub-chunk, one fp32 dot against the first row r of I: exp(G_r - G_i) <=
+        # e^80, the mask after the dot (key i before query j), the undecayed i = j term exactly
+        b_gr = tl.load(g + ((i_b * Tp + i_t * BT + i_i * BC) * H + i_h).to(tl.int64) * K + o_k,
+                       mask=m_k, other=0.0)
+        b_q = tl.load(q + o_rk[:, None] * K + o_k[None, :], mask=m_ti[:, None] & m_k[None, :], other=0.0)
+        b_do = tl.load(do + o_rk[:, None] * V + o_v[None, :], mask=m_ti[:, None] & m_v[None, :], other=0.0)
+        b_q, b_do = b_q.to(tl.float32) * scale, b_do.to(tl.float32)
+        b_At = tl.dot(b_k * tl.exp(b_gr[None, :] - b_g), tl.trans(b_q * tl.exp(b_g - b_gr[None, :])),
+                      input_precision=DOT)
+        b_At = tl.where(o_c[:, None] < o_c[None, :], b_At, 0.0)
+        b_dv += tl.dot(b_At, b_do, input_precision=DOT) + tl.sum(b_k * b_q, axis=1)[:, None] * b_do
+    else:
+        # the diagonal sub-chunk exactly, one query row j at a time
+        for j in tl.static_range(BC):
+            o_tj = i_t * BT + i_i * BC + j
+            o_rq = ((i_b * T + o_tj) * H + i_h).to(tl.int64)
+            b_qj = tl.load(q + o_rq * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0)
+            b_qj = b_qj.to(tl.float32) * scale
+            b_gj = tl.load(g + ((i_b * Tp + o_tj) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
+            b_doj = tl.load(do + o_rq * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_decay = tl.exp(tl.where((o_c <= j)[:, None], b_gj[None, :] - b_g, float("-inf")))
+            b_a = tl.sum(b_k * b_qj[None, :] * b_decay, axis=1)  # [BC]: A[j, keys]
+            b_dv += b_a[:, None] * b_doj[None, :]
     tl.store(dv + o_rk[:, None] * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
              mask=m_ti[:, None] & m_v[None, :])
 
@@ -554,12 +591,14 @@ def _add_bwd_dv_channel_kernel(q, k, g, do, dhs, dv, scale, T, Tp, NT,
 def _add_bwd_dqk_channel_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, Tp, NT,
                                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                                 BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                                BV: tl.constexpr):
+                                BV: tl.constexpr, BOUNDED: tl.constexpr, DOT: tl.constexpr):
     """dQ, dK and dG = q dq - k dk of one sub-chunk for per-channel gates (GATE 3).
 
     One program per (key block, chunk * sub-chunk, batch * head); BV covers all of V
     because the scores' gradient dO V^T needs every value channel. dG (fp32) becomes dg
     in _add_channel_dg_kernel, which adds the reverse cumulative sum over the chunk.
+    The diagonal sub-chunk: BOUNDED, one dot each for dq and dk against the first row of I;
+    else exactly, row by row.
     """
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -620,23 +659,35 @@ def _add_bwd_dqk_channel_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, T
         b_dAt = tl.dot(b_v, tl.trans(b_doj))  # [BC, BC]: dA[j, i] stored at [i, j]
         b_qr = (b_qj * tl.exp(b_gj - b_grj[None, :])).to(b_do.dtype)
         b_dk += tl.dot(b_dAt.to(b_do.dtype), b_qr) * tl.exp(b_grj[None, :] - b_g) * scale
-    # the diagonal sub-chunk, exact, row j of the sub-chunk at a time
-    for j in tl.static_range(BC):
-        o_tj = i_t * BT + i_i * BC + j
-        o_rj = ((i_b * T + o_tj) * H + i_h).to(tl.int64)
-        b_qj = tl.load(q + o_rj * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_kj = tl.load(k + o_rj * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_vj = tl.load(v + o_rj * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_doj = tl.load(do + o_rj * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
-        b_gj = tl.load(g + ((i_b * Tp + o_tj) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
-        # j as the key of rows i >= j: dq_i += (do_i . v_j) k_j exp(G_i - G_j)
-        b_dAc = tl.sum(b_do.to(tl.float32) * b_vj[None, :], axis=1)  # [BC]
-        b_dec = tl.exp(tl.where((o_c >= j)[:, None], b_g - b_gj[None, :], float("-inf")))
-        b_dq += b_dAc[:, None] * b_kj[None, :] * b_dec
-        # j as the query of rows i <= j: dk_i += (do_j . v_i) q_j exp(G_j - G_i)
-        b_dAr = tl.sum(b_v.to(tl.float32) * b_doj[None, :], axis=1)  # [BC]
-        b_dec = tl.exp(tl.where((o_c <= j)[:, None], b_gj[None, :] - b_g, float("-inf")))
-        b_dk += b_dAr[:, None] * b_qj[None, :] * b_dec * scale
+    if BOUNDED:
+        # the diagonal sub-chunk, fp32 dots against r, with M = dA masked to j < i:
+        #     dq_i += exp(G_i - G_r) sum_j M_ij k_j exp(G_r - G_j),
+        #     dk_j += exp(G_r - G_j) sum_i M_ij q_i exp(G_i - G_r) scale,
+        # and the undecayed i = j term exactly (q dq - k dk cancels there as in the exact sums)
+        b_M = tl.where(o_c[:, None] > o_c[None, :], tl.dot(b_do, tl.trans(b_v), input_precision=DOT), 0.0)
+        b_dd = tl.sum(b_do.to(tl.float32) * b_v.to(tl.float32), axis=1)[:, None]  # do_i . v_i
+        b_e = b_g - b_gr[None, :]  # [BC, BK], in [-80, 0]
+        b_dq += tl.dot(b_M, b_k * tl.exp(-b_e), input_precision=DOT) * tl.exp(b_e) + b_dd * b_k
+        b_dkr = tl.dot(tl.trans(b_M), b_q * tl.exp(b_e), input_precision=DOT)
+        b_dk += (b_dkr * tl.exp(-b_e) + b_dd * b_q) * scale
+    else:
+        # the diagonal sub-chunk exactly, row j of the sub-chunk at a time
+        for j in tl.static_range(BC):
+            o_tj = i_t * BT + i_i * BC + j
+            o_rj = ((i_b * T + o_tj) * H + i_h).to(tl.int64)
+            b_qj = tl.load(q + o_rj * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_kj = tl.load(k + o_rj * K + o_k, mask=m_k & (o_k * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_vj = tl.load(v + o_rj * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_doj = tl.load(do + o_rj * V + o_v, mask=m_v & (o_v * 0 + o_tj < T), other=0.0).to(tl.float32)
+            b_gj = tl.load(g + ((i_b * Tp + o_tj) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
+            # j as the key of rows i >= j: dq_i += (do_i . v_j) k_j exp(G_i - G_j)
+            b_dAc = tl.sum(b_do.to(tl.float32) * b_vj[None, :], axis=1)  # [BC]
+            b_dec = tl.exp(tl.where((o_c >= j)[:, None], b_g - b_gj[None, :], float("-inf")))
+            b_dq += b_dAc[:, None] * b_kj[None, :] * b_dec
+            # j as the query of rows i <= j: dk_i += (do_j . v_i) q_j exp(G_j - G_i)
+            b_dAr = tl.sum(b_v.to(tl.float32) * b_doj[None, :], axis=1)  # [BC]
+            b_dec = tl.exp(tl.where((o_c <= j)[:, None], b_gj[None, :] - b_g, float("-inf")))
+            b_dk += b_dAr[:, None] * b_qj[None, :] * b_dec * scale
     b_dq *= scale
     tl.store(dq + o_ri[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tik)
     tl.store(dk + o_ri[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tik)
@@ -723,12 +774,18 @@ def _add_chunk_cumsum(g, BT):
     return gc
 
 
+def _add_bounded(gate, gate_min, q):
+    """Whether the sub-chunk kernels take the diagonal in one dot: per-channel gates with a bound,
+    and not fp16, whose 5-bit exponent does not hold k * exp(G_r - G_j) up to e^80."""
+    return int(gate == 3 and gate_min is not None and q.dtype != torch.float16)
+
+
 @_op("add_chunk_fwd")
 def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
-                   h0: Optional[torch.Tensor], scale: float, BT: int
+                   h0: Optional[torch.Tensor], scale: float, BT: int, gate_min: Optional[float] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """States + outputs: (o, final state fp32, gc), gc the per-channel gates' chunk cumsums
-    (kept for the backward) or absent."""
+    (kept for the backward) or absent. gate_min: None or a lower bound of g (see _ADD_SPAN)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     gate = _add_gate_kind(g, q)
@@ -743,7 +800,8 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
         BK, BV = _pow2(K), min(_pow2(V), _ADD_BV)
         _add_fwd_out_channel_kernel[(triton.cdiv(V, BV), NT * (BT // _ADD_BC), B * H)](
             q, k, v, gk, hs, o, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
-            BK=BK, BV=BV, num_warps=_ADD_CHANNEL_WARPS)
+            BK=BK, BV=BV, BOUNDED=_add_bounded(gate, gate_min, q), DOT=_dot_precision(q),
+            num_warps=_ADD_CHANNEL_WARPS)
     else:
         BK, BV = _add_blocks(K, V)
         _add_fwd_out_kernel[(triton.cdiv(V, BV), NT, B * H)](
@@ -753,7 +811,7 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
 
 
 @_add_chunk_fwd.register_fake
-def _(q, k, v, g, h0, scale, BT):
+def _(q, k, v, g, h0, scale, BT, gate_min=None):
     B, T, H, K = q.shape
     per_channel = g is not None and g.dim() == 4
     gc = q.new_empty(B, triton.cdiv(T, BT) * BT, H, K, dtype=torch.float32) if per_channel else _absent(q)
@@ -763,7 +821,7 @@ def _(q, k, v, g, h0, scale, BT):
 @_op("add_chunk_bwd")
 def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor], gc: torch.Tensor,
-                   scale: float, BT: int
+                   scale: float, BT: int, gate_min: Optional[float] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dh0) from the output's and the final state's gradients (dht None: none);
     dg absent without a gate, dh0 without an initial state. Recomputes the chunk states."""
@@ -790,13 +848,15 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if gate == 3:
         BKc, BVc = _pow2(K), min(_pow2(V), _ADD_BV)
+        bounded = _add_bounded(gate, gate_min, q)
         _add_bwd_dv_channel_kernel[(triton.cdiv(V, BVc), NT * (BT // _ADD_BC), B * H)](
             q, k, gk, do, dhs, dv, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
-            BK=BKc, BV=BVc, num_warps=_ADD_CHANNEL_WARPS)
+            BK=BKc, BV=BVc, BOUNDED=bounded, DOT=_dot_precision(q), num_warps=_ADD_CHANNEL_WARPS)
         dgc = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
         _add_bwd_dqk_channel_kernel[(NK, NT * (BT // _ADD_BC), B * H)](
             q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT * BT, NT, H=H, K=K, V=V,
-            BT=BT, BC=_ADD_BC, BK=BK, BV=_pow2(V), num_warps=_ADD_CHANNEL_WARPS)
+            BT=BT, BC=_ADD_BC, BK=BK, BV=_pow2(V), BOUNDED=bounded, DOT=_dot_precision(q),
+            num_warps=_ADD_CHANNEL_WARPS)
         _add_channel_dg_kernel[(NK, NT, B * H)](dgc, hs, dhs, T, NT, H=H, K=K, V=V, BT=BT, BK=BK,
                                                 BV=BV, num_warps=_ADD_WARPS)
     else:
@@ -818,7 +878,7 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
 
 
 @_add_chunk_bwd.register_fake
-def _(do, dht, q, k, v, g, h0, gc, scale, BT):
+def _(do, dht, q, k, v, g, h0, gc, scale, BT, gate_min=None):
     B, T, H, K = q.shape
     dg = _absent(q) if g is None else g.new_empty(g.shape)
     dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
@@ -826,30 +886,37 @@ def _(do, dht, q, k, v, g, h0, gc, scale, BT):
 
 
 def _add_chunk_setup(ctx, inputs, output):
-    q, k, v, g, h0, scale, BT = inputs
+    q, k, v, g, h0, scale, BT, gate_min = inputs
     ctx.mark_non_differentiable(output[2])
     ctx.save_for_backward(q, k, v, g, h0, output[2])
-    ctx.scale, ctx.BT = scale, BT
+    ctx.scale, ctx.BT, ctx.gate_min = scale, BT, gate_min
 
 
 def _add_chunk_backward(ctx, do, dht, _):
     q, k, v, g, h0, gc = ctx.saved_tensors
-    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT)
-    return dq, dk, dv, None if g is None else dg, None if h0 is None else dh0, None, None
+    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.gate_min)
+    return dq, dk, dv, None if g is None else dg, None if h0 is None else dh0, None, None, None
 
 
 _add_chunk_fwd.register_autograd(_add_chunk_backward, setup_context=_add_chunk_setup)
 
 
-def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64):
+def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64, gate_min=None):
     """Chunked decayed-additive recurrence on Triton kernels, differentiable.
 
     S_t = exp(g_t) * S_{t-1} + k_t v_t^T ;  o_t = S_t^T (scale * q_t)
     q, k [B,T,H,Dk]; v [B,T,H,Dv]; g: None, [H], [B,T,H] or [B,T,H,Dk] log decays (<= 0);
     initial_state [B,H,Dk,Dv] or None. Returns o [B,T,H,Dv] (v's dtype) and the final
     state [B,H,Dk,Dv] in fp32. Per-channel gates need Dk <= 256 (one key block).
+    gate_min: None, or a lower bound the caller guarantees for every g, with -gate_min * 15 <= 80
+    (ValueError otherwise); per-channel gates then take section 2's bounded path, one dot per
+    diagonal sub-chunk (not checked: a gate below gate_min may overflow there). Other gates
+    ignore it.
     """
     _check_qkv(q, k, v)
+    if gate_min is not None and not -float(gate_min) * (_ADD_BC - 1) <= _ADD_SPAN:
+        raise ValueError(f"gate_min={gate_min}: need -gate_min * {_ADD_BC - 1} <= {_ADD_SPAN}, so that "
+                         f"exp of a {_ADD_BC}-row sub-chunk's decay span stays under fp32's overflow at ~88")
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0, "chunk_size: a power of two >= 16"
     gate = _add_gate_kind(g, q)
     if gate == 3:
@@ -861,7 +928,8 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     v = v.contiguous()
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
-    o, ht, _ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size)
+    gate_min = None if gate_min is None else float(gate_min)
+    o, ht, _ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size, gate_min)
     return o, ht
 
 

@@ -345,8 +345,10 @@ def _chunked(q, k, v, beta, g, initial_state, scale, chunk_size):
     return o.to(out_dtype), S
 
 
-def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64):
-    """S_t = exp(g_t) * S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), chunked. -> (o, final_state)"""
+def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64, gate_min=None):
+    """S_t = exp(g_t) * S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), chunked. -> (o, final_state)
+    gate_min: accepted and ignored, as kernels.chunk_decay_additive's bound on g (this form is
+    exact for any gate), so that callers pass it to either form."""
     return _chunked(q, k, v, None, g, initial_state, scale, chunk_size)
 
 
