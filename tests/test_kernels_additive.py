@@ -42,18 +42,27 @@ def make_inputs(gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
     return [x.to(dtype) for x in (q, k, v)], g, h0
 
 
+def bounded_gates(shape, gate_min, device=DEV, seed=3):
+    """Per-channel log decays in [gate_min, 0], a third of them exactly gate_min (the bound)."""
+    gen = torch.Generator(device).manual_seed(seed)
+    g = gate_min * torch.rand(*shape, generator=gen, device=device)
+    return torch.where(torch.rand(*shape, generator=gen, device=device) < 1 / 3, gate_min, g)
+
+
 def rel(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dtype, tol):
+def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dtype, tol, gate_min=None):
+    """gate_min: per-channel gates drawn by bounded_gates, and the kernels told the bound."""
     (q, k, v), g, h0 = make_inputs(gate, B, T, H, K, V, device, dtype)
+    g = g if gate_min is None else bounded_gates(g.shape, gate_min, device)
     h0 = h0 if with_state else None
     do = torch.randn(B, T, H, V, device=device)
     dht = torch.randn(B, H, K, V, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
     o, ht, grads = run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
-                                scale=scale, chunk_size=chunk)
+                                scale=scale, chunk_size=chunk, gate_min=gate_min)
     ro, rht, rgrads = run_and_grad(recurrence, q, k, v, g, h0, do=do, dht=dht, scale=scale)
     assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
     names = ["dq", "dk", "dv"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
@@ -116,6 +125,48 @@ def test_extreme_gates_stay_finite_and_exact():
     assert rel(o, ro) < tol and rel(ht, rht) < tol
 
 
+@pytest.mark.parametrize("T,chunk,with_state", [
+    (70, 32, True),   # two sub-chunks per chunk, a ragged last chunk
+    (37, 16, False),  # one sub-chunk per chunk, no state in or out
+])
+def test_bounded_gates_match_recurrence_fp32(T, chunk, with_state):
+    # gate_min = -5: a sub-chunk's decay spans up to 75 nats, and the diagonal sub-chunks are
+    # one dot each (k rescaled by up to e^75) instead of the exact loop
+    check_against_recurrence("channel", 2, T, 2, 20, 17, chunk, with_state, DEV, torch.float32, FP32_TOL,
+                             gate_min=-5.0)
+
+
+def test_bounded_gates_are_causal_bit_for_bit():
+    # inputs changed only after t0 = 21 (row 5 of the second 16-row sub-chunk): outputs up to t0,
+    # and the gradients of a loss on them with respect to inputs up to t0, do not move by one bit.
+    # The new gates after t0 all sit at the bound, -5: an anchor inside the sub-chunk later than
+    # t0 (its middle row, 24) would move by nats and change the rounding of rows <= t0
+    B, T, H, K, V, t0 = 1, 48, 2, 20, 17, 21
+    (q, k, v), g, h0 = make_inputs("channel", B, T, H, K, V)
+    g = bounded_gates(g.shape, -5.0)
+    do = torch.randn(B, T, H, V, device=DEV)
+    do[:, t0 + 1:] = 0  # the loss sees the outputs up to t0 only
+    (q2, k2, v2), _, _ = make_inputs("channel", B, T, H, K, V, seed=1)
+    later = lambda x, y: torch.cat([x[:, :t0 + 1], y[:, t0 + 1:]], 1)  # noqa: E731
+    changed = [later(q, q2), later(k, k2), later(v, v2), later(g, torch.full_like(g, -5.0)), h0]
+    runs = [run_and_grad(kernels.chunk_decay_additive, *args, do=do, chunk_size=32, gate_min=gate_min)
+            for args, gate_min in [([q, k, v, g, h0], -5.0), (changed, -5.0), ([q, k, v, g, h0], None)]]
+    (o, _, grads), (o2, _, grads2), (o_exact, _, grads_exact) = runs
+    assert not torch.equal(o, o2)  # the change is real
+    for a, b in zip([o] + grads[:3], [o_exact] + grads_exact[:3]):  # o, dq, dk, dv: the bounded path ran
+        assert not torch.equal(a, b)
+    assert torch.equal(o[:, :t0 + 1], o2[:, :t0 + 1])
+    for name, a, b in zip(["dq", "dk", "dv", "dg"], grads, grads2):
+        assert torch.equal(a[:, :t0 + 1], b[:, :t0 + 1]), name
+    assert torch.equal(grads[4], grads2[4]), "dh0"
+
+
+def test_gate_min_out_of_range_is_named():
+    (q, k, v), g, _ = make_inputs("channel", 1, 8, 2, 16, 16)
+    with pytest.raises(ValueError, match=r"^gate_min=-10\.0: [^\n]*80[^\n]*$"):
+        kernels.chunk_decay_additive(q, k, v, g, gate_min=-10.0)
+
+
 def test_bad_gate_shape_is_named():
     (q, k, v), _, _ = make_inputs("none", 1, 8, 2, 16, 16)
     with pytest.raises(AssertionError, match=r"g \(1, 8\)"):
@@ -135,6 +186,12 @@ GPU_TOL = {"o": 0.005, "ht": 0.005, "grad": 0.008, "dg": 0.02}
 @pytest.mark.parametrize("T,D", [(1000, 64), (2048, 64), (1000, 128)])
 def test_matches_recurrence_cuda_bf16(gate, T, D):
     check_against_recurrence(gate, 2, T, 4, D, D, 64, True, "cuda", torch.bfloat16, GPU_TOL)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+def test_bounded_gates_match_recurrence_cuda_bf16():
+    check_against_recurrence("channel", 2, 1000, 4, 64, 64, 64, True, "cuda", torch.bfloat16, GPU_TOL,
+                             gate_min=-5.0)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")

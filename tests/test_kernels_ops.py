@@ -57,11 +57,12 @@ def gate_of(gen, gate, grad=True):
     return None if shape is None else logdecay(gen, *shape, grad=grad)
 
 
-def additive(gate):
+def additive(gate, gate_min=None):
     def make(gen):
         return [rnd(gen, B, T, H, K), rnd(gen, B, T, H, K), rnd(gen, B, T, H, V), gate_of(gen, gate),
                 rnd(gen, B, H, K, V)]
-    return lambda q, k, v, g, h0: kernels.chunk_decay_additive(q, k, v, g, h0, scale=0.3, chunk_size=16), make
+    return lambda q, k, v, g, h0: kernels.chunk_decay_additive(q, k, v, g, h0, scale=0.3, chunk_size=16,
+                                                               gate_min=gate_min), make
 
 
 def delta(gate):
@@ -93,6 +94,7 @@ def logits(gen, grad=True):
 # name, the operator the compiled graph must hold, fn, make(gen) -> fn's arguments
 CASES = [(f"chunk_decay_additive-{gate}", "add_chunk_fwd", *additive(gate))
          for gate in ("none", "const", "head", "channel")]
+CASES += [("chunk_decay_additive-channel-bounded", "add_chunk_fwd", *additive("channel", gate_min=-5.0))]
 CASES += [(f"chunk_delta_rule-{gate}", "delta_rule_fwd", *delta(gate)) for gate in ("none", "const", "head", "channel")]
 CASES += [("recurrent_step_decay_additive", "recurrent_step_decay_additive", *step("additive", "channel")),
           ("recurrent_step_delta_rule", "recurrent_step_delta_rule", *step("delta", "head"))]
@@ -194,6 +196,8 @@ def op_args(name):
     do, dht = rnd(gen, B, T, H, V, grad=False), rnd(gen, B, H, K, V, grad=False)
     if name == "add_chunk_fwd-channel":
         return ops.add_chunk_fwd.default, (q, k, v, gk, h0, 0.3, 16)
+    if name == "add_chunk_fwd-channel-bounded":  # the kernels' bounded path (logsigmoid gates are > -5)
+        return ops.add_chunk_fwd.default, (q, k, v, gk, h0, 0.3, 16, -5.0)
     if name == "add_chunk_fwd-none":
         return ops.add_chunk_fwd.default, (q, k, v, None, None, 0.3, 16)
     if name == "add_chunk_fwd-const":
@@ -227,7 +231,7 @@ def op_args(name):
     raise KeyError(name)
 
 
-OPCHECKS = ["add_chunk_fwd-channel", "add_chunk_fwd-none", "add_chunk_fwd-const", "add_chunk_bwd-head",
+OPCHECKS = ["add_chunk_fwd-channel", "add_chunk_fwd-channel-bounded", "add_chunk_fwd-none", "add_chunk_fwd-const", "add_chunk_bwd-head",
             "delta_rule_fwd-channel", "delta_rule_fwd-none", "delta_rule_bwd-head", "recurrent_step_delta_rule",
             "short_conv_fwd", "norm_fwd", "softplus_decay_fwd", "distill_loss"]
 
