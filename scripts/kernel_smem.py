@@ -78,8 +78,10 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
                             kernels.recurrent_step_decay_additive(q[:, :1], k[:, :1], v[:, :1], g1, h0)
                         if "delta" in families and gate != "const":
                             kernels.recurrent_step_delta_rule(q[:, :1], k[:, :1], v[:, :1], beta[:, :1], g1, h0)
-                    if "additive" in families:
-                        run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht)
+                    if "additive" in families:  # per-channel gates also with a bound (BOUNDED=1)
+                        for gate_min in [None] + ([-5.0] if gate == "channel" else []):
+                            run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
+                                         gate_min=gate_min)
                     if "delta" in families and gate != "const":  # the delta rule's gate is per step
                         run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
                 if "glue" in families:  # section 5, at this head size
@@ -191,7 +193,7 @@ def main():
     print(f"{len(found)} launches recorded; compiling for sm_90 with {a.jobs} processes", flush=True)
     rows = compile_all(found, a.jobs)
     for name, consts, opts, shared, loads in sorted(rows, key=lambda r: -r[3]):
-        c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "DOT"))
+        c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "DOT", "BOUNDED"))
         print(f"{shared:7d} B  {'OVER ' if shared > SM90_SHARED else ''}{name} {c} "
               f"warps={opts['num_warps']} stages={opts['num_stages']}  global loads: {loads['wide']} vector, "
               f"{loads['narrow']} of 1 or 2 bytes")
