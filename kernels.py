@@ -35,7 +35,7 @@ tensor that the Python around it maps to None. Scalars (scale, eps, weights) are
     linearize::short_conv_fwd, short_conv_bwd            short_conv
     linearize::distill_loss                              distill_loss, distill_loss_grad
     linearize::norm_fwd, norm_bwd                        rms_norm_gate, l2_normalize
-    linearize::softplus_decay_fwd, softplus_decay_bwd    softplus_decay
+    linearize::log_decay_fwd, log_decay_bwd              softplus_decay, sigmoid_decay
 
 Naming inside kernels (the flash-linear-attention convention):
     i_  program ids and loop indices      o_  offsets (aranges)      m_  masks
@@ -63,7 +63,7 @@ Sections:
     5. Training glue, fused: short_conv (mixers.ShortConv; also cutting q, k, v into heads and
        L2-normalizing q and k), distill_loss and distill_loss_grad (distill.py's stage-3 loss),
        rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k
-       without a conv), softplus_decay (the log decay of Gated DeltaNet and KDA)
+       without a conv), softplus_decay and sigmoid_decay (the log decays of Gated DeltaNet and KDA)
 """
 
 from typing import Optional
@@ -102,6 +102,21 @@ def _dot_precision(x):
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+SPAN_MAX = 80.0  # nats: the most a bounded gate's cumsum may span inside a 16-row sub-chunk (exp overflows past ~88)
+
+
+def _check_gate_min(gate_min):
+    """Whether gate_min bounds the gates (None: no bound), or a one-line ValueError when the bound
+    is too loose for the bounded paths of sections 2 and 3 (15 steps of it must stay within
+    SPAN_MAX nats) or not a log decay."""
+    if gate_min is None:
+        return False
+    if not -SPAN_MAX / 15 <= float(gate_min) <= 0:
+        raise ValueError(f"gate_min={gate_min}: expected a log decay bound in [{-SPAN_MAX / 15:.2f}, 0], "
+                         f"so that 15 steps span at most {SPAN_MAX:g} nats inside fp32's exp")
+    return True
+
+
 def _check_qkv(q, k, v):
     """Assert the shared layout: q, k [B, T, H, Dk] and v [B, T, H, Dv], one device."""
     assert q.dim() == 4 and q.shape == k.shape, f"q {tuple(q.shape)} and k {tuple(k.shape)} must be [B,T,H,Dk]"
@@ -132,7 +147,7 @@ def _check_qkv(q, k, v):
 # Q_I * exp(G_I - G_r) with K_J * exp(G_r - G_J), where r is the first row of I (both
 # factors <= 1). A diagonal sub-chunk (J = I) takes one of two paths, a constexpr BOUNDED:
 #     0  any gates: summed exactly in fp32, one key row at a time (BC steps, no tensor cores)
-#     1  the caller guarantees g >= gate_min with -gate_min * (BC - 1) <= 80: one dot of the
+#     1  the caller guarantees g >= gate_min with -gate_min * (BC - 1) <= SPAN_MAX: one dot of the
 #        same form and r, Q_I * exp(G_I - G_r) <= 1 with K_I * exp(G_r - G_I) <= e^80 (under
 #        fp32 exp's overflow at ~88), fp32 operands at input_precision DOT; the mask comes
 #        after the dot, by tl.where (entries above the diagonal may be huge: never times 0),
@@ -154,7 +169,6 @@ def _check_qkv(q, k, v):
 #     (the state gradient dh_{c+1} already carries everything later chunks need).
 
 _ADD_BC = 16  # sub-chunk rows for per-channel decays; tl.dot's smallest side
-_ADD_SPAN = 80  # bounded gates: the most a sub-chunk's G may fall below its first row (fp32 exp: ~88)
 
 
 @triton.jit
@@ -785,7 +799,7 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
                    h0: Optional[torch.Tensor], scale: float, BT: int, gate_min: Optional[float] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """States + outputs: (o, final state fp32, gc), gc the per-channel gates' chunk cumsums
-    (kept for the backward) or absent. gate_min: None or a lower bound of g (see _ADD_SPAN)."""
+    (kept for the backward) or absent. gate_min: None or a lower bound of g (see SPAN_MAX)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     gate = _add_gate_kind(g, q)
@@ -914,9 +928,7 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     ignore it.
     """
     _check_qkv(q, k, v)
-    if gate_min is not None and not -float(gate_min) * (_ADD_BC - 1) <= _ADD_SPAN:
-        raise ValueError(f"gate_min={gate_min}: need -gate_min * {_ADD_BC - 1} <= {_ADD_SPAN}, so that "
-                         f"exp of a {_ADD_BC}-row sub-chunk's decay span stays under fp32's overflow at ~88")
+    _check_gate_min(gate_min)
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0, "chunk_size: a power of two >= 16"
     gate = _add_gate_kind(g, q)
     if gate == 3:
@@ -949,7 +961,12 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 # Per-channel gates (KDA) turn exp(G_i - G_j) into a per-channel factor: the chunk is cut into
 # 16-row sub-chunks, off-diagonal sub-blocks are products of operands rescaled against a
 # reference row that lies between i and j (every exponent <= 0), and diagonal sub-blocks are
-# summed exactly, one column at a time.
+# summed exactly, one column at a time. With bounded gates (every g >= gate_min, -15 gate_min <=
+# SPAN_MAX, as Kimi Linear's gate makes them) a diagonal sub-block is one tensor-core product too,
+#     sum_d q_id k_jd exp(G_id - G_jd) = (Q * exp(G - G_f)) (K * exp(G_f - G))^T,   masked after,
+# against the sub-chunk's first row f: k's factor is at most exp(-15 gate_min), inside fp32's
+# range, and the anchor is no later than any row, so no later gate reaches an earlier row's sums
+# through rounding (a middle-row anchor does: fla issue #1240).
 #
 # Backward is written by hand: the chunk states are recomputed in fp32, the state gradient runs
 # in reverse over chunks, and the gate gradient is a reverse cumulative sum of dG.
@@ -1083,7 +1100,8 @@ def _delta_cumsum_kernel(x, y, T_in, T_out, H: tl.constexpr, K: tl.constexpr, BT
 
 @triton.jit
 def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
-                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
+                      BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr,
+                      BOUNDED: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     # per chunk: A = strict_tril(beta_i k_i.k_j decayed), P = tril(scale q_i.k_j decayed)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -1137,6 +1155,16 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
                     b_krg = b_kr * tl.exp(b_gref[None, :] - b_gr)                # [BC, BK]
                     b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
                     b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
+                elif r == s and BOUNDED:
+                    # diagonal sub-block, bounded gates: one product against the same first-row
+                    # anchor, k's factor exp(G_ref - G_j) <= exp(-15 gate_min); masked after, and
+                    # P's undecayed i = j entry q_i . k_i exact (as section 2 keeps it)
+                    b_kd = b_ks * tl.exp(b_gref[None, :] - b_gs)
+                    b_a = tl.dot(b_ksg, tl.trans(b_kd), input_precision=DOT)
+                    b_p = tl.dot(b_qsg, tl.trans(b_kd), input_precision=DOT)
+                    b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
+                    b_p = tl.where(o_c[:, None] > o_c[None, :], b_p, tl.sum(b_qs * b_ks, 1)[:, None])
+                    b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
                 elif r == s:
                     # diagonal sub-block: exact per-channel sums, one column j at a time
                     b_a = tl.zeros([BC, BC], dtype=tl.float32)
@@ -1467,7 +1495,7 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
 @triton.jit
 def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp,
                             H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                            BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
+                            BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, BOUNDED: tl.constexpr):
     # pairwise terms inside a chunk. With D_ij = exp(G_i - G_j) (per channel for GATE 3):
     #   dq_i += sum_j dP_ij D_ij k_j                      (P = scale q.k, scale folded into dP)
     #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
@@ -1544,30 +1572,49 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
                     b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
                     b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
                     b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
-            b_rp *= tl.exp(b_gs - b_gf[None, :])
-            b_ra *= tl.exp(b_gs - b_gf[None, :])
             b_cp *= tl.exp(b_gla[None, :] - b_gs)
-            # diagonal sub-block, exact: loop over the row/column j inside s
             p_cs = p_dP + (s * BC) * (H * BT) + s * BC
             p_ca = p_dA + (s * BC) * (H * BT) + s * BC
-            for j in range(BC):
-                t_j = i_t * BT + s * BC + j
-                m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
-                b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
-                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
-                # row side: i in s with i >= j
-                b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
-                b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
-                b_acol = tl.load(p_ca + o_c * (H * BT) + j)
-                b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
-                b_ra += b_acol[:, None] * b_kj[None, :] * b_er
-                # column side: j plays the row i, columns j' in s with j' <= j
-                b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
-                b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
-                b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
-                b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
+            if BOUNDED:
+                # diagonal sub-block, bounded gates: products against the first row of s on both
+                # sides (an anchor no later than any row, so no later gate reaches an earlier
+                # row's sums), the factors exp(G_f - G_j) <= exp(-15 gate_min); masked first. dP's
+                # i = j entries go in exactly below, so that they cancel in dG as on the exact path
+                b_dpf = _delta_blk(p_dP, s, s, BT, BC, H * BT)
+                b_dps = tl.where(o_c[:, None] > o_c[None, :], b_dpf, 0.)
+                b_das = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dA, s, s, BT, BC, H * BT), 0.)
+                b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
+                b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
+                b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
+                b_dn = tl.exp(b_gs - b_gf[None, :])                                        # [BC, BK] <= 1
+                b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
+                                + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
+            b_rp *= tl.exp(b_gs - b_gf[None, :])
+            b_ra *= tl.exp(b_gs - b_gf[None, :])
+            if BOUNDED:
+                b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
+                b_rp += b_dpd * b_ks
+                b_cp += b_dpd * b_qs
+            else:
+                # diagonal sub-block, exact: loop over the row/column j inside s
+                for j in range(BC):
+                    t_j = i_t * BT + s * BC + j
+                    m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
+                    b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                    b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                    b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
+                    b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
+                    # row side: i in s with i >= j
+                    b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
+                    b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
+                    b_acol = tl.load(p_ca + o_c * (H * BT) + j)
+                    b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
+                    b_ra += b_acol[:, None] * b_kj[None, :] * b_er
+                    # column side: j plays the row i, columns j' in s with j' <= j
+                    b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
+                    b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
+                    b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
+                    b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
             b_dq = _delta_rows(dq_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_rp
             b_dk = _delta_rows(dk_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_cp + b_ra * b_bs[:, None]
             b_db = tl.load(p_db + o_s * H, mask=m_s, other=0.) + tl.sum(b_ra * b_ks, 1)
@@ -1607,7 +1654,7 @@ def _delta_seq_stages(q, BK):
     return 1 if q.element_size() == 4 and BK > 64 else 3
 
 
-def _delta_prepare(q, k, v, beta, g, scale, gate):
+def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
     """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     BT, BC, dot = _DELTA_BT, _DELTA_BC, _dot_precision(q)
@@ -1618,7 +1665,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate):
     A = torch.empty(B, Tp, H, BT, device=q.device, dtype=torch.float32)
     P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
     _delta_kkt_kernel[(NT, B * H)](q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
-                                   GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
+                                   GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     Ai = torch.empty_like(A)
     _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
     return gc, Ai, P
@@ -1650,13 +1697,14 @@ def _delta_gate_code(g):
 
 @_op("delta_rule_fwd")
 def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
-                    g: Optional[torch.Tensor], h0: Optional[torch.Tensor], scale: float
+                    g: Optional[torch.Tensor], h0: Optional[torch.Tensor], scale: float, bounded: bool
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, final state fp32, gate cumsum gc (absent without a gate), T = (I + A)^-1, P): the
-    outputs and what the backward keeps from the forward."""
+    outputs and what the backward keeps from the forward. bounded: every per-channel g >= a
+    gate_min that chunk_delta_rule checked."""
     gate = _delta_gate_code(g)
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
-    gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, gate)
+    gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, gate, bounded)
     _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
     o, dot = torch.empty_like(v), _dot_precision(q)
     _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
@@ -1666,7 +1714,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
 
 
 @_delta_rule_fwd.register_fake
-def _(q, k, v, beta, g, h0, scale):
+def _(q, k, v, beta, g, h0, scale, bounded):
     B, T, H, K = q.shape
     Tp, BT = triton.cdiv(T, _DELTA_BT) * _DELTA_BT, _DELTA_BT
     gate = _delta_gate_code(g)
@@ -1678,7 +1726,7 @@ def _(q, k, v, beta, g, h0, scale):
 @_op("delta_rule_bwd")
 def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, beta: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor],
-                    gc: torch.Tensor, Ai: torch.Tensor, P: torch.Tensor, scale: float
+                    gc: torch.Tensor, Ai: torch.Tensor, P: torch.Tensor, scale: float, bounded: bool
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dbeta, dg, dh0) from the output's and the final state's gradients (dht None:
     none); dg absent without a gate, dh0 without an initial state."""
@@ -1713,7 +1761,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
     _delta_bwd_intra_kernel[(NT, B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
-        BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
+        BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     dg = _absent(q)
     if gate:
         dg = torch.empty_like(g)
@@ -1722,7 +1770,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
 
 
 @_delta_rule_bwd.register_fake
-def _(do, dht, q, k, v, beta, g, h0, gc, Ai, P, scale):
+def _(do, dht, q, k, v, beta, g, h0, gc, Ai, P, scale, bounded):
     B, T, H, K = q.shape
     dg = _absent(q) if g is None else torch.empty_like(g)
     dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
@@ -1730,30 +1778,33 @@ def _(do, dht, q, k, v, beta, g, h0, gc, Ai, P, scale):
 
 
 def _delta_rule_setup(ctx, inputs, output):
-    q, k, v, beta, g, h0, scale = inputs
+    q, k, v, beta, g, h0, scale, bounded = inputs
     _, _, gc, Ai, P = output
     ctx.mark_non_differentiable(gc, Ai, P)
     ctx.save_for_backward(q, k, v, beta, g, h0, gc, Ai, P)
-    ctx.scale = scale
+    ctx.scale, ctx.bounded = scale, bounded
 
 
 def _delta_rule_backward(ctx, do, dht, *_):
     q, k, v, beta, g, h0, gc, Ai, P = ctx.saved_tensors
-    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(do, dht, q, k, v, beta, g, h0, gc, Ai, P, ctx.scale)
-    return dq, dk, dv, dbeta, None if g is None else dg, None if h0 is None else dh0, None
+    dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(do, dht, q, k, v, beta, g, h0, gc, Ai, P, ctx.scale, ctx.bounded)
+    return dq, dk, dv, dbeta, None if g is None else dg, None if h0 is None else dh0, None, None
 
 
 _delta_rule_fwd.register_autograd(_delta_rule_backward, setup_context=_delta_rule_setup)
 
 
-def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64):
+def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64, gate_min=None):
     """Chunked delta rule (DeltaNet / Gated DeltaNet / KDA) as Triton kernels with autograd.
 
     q, k [B,T,H,Dk]; v [B,T,H,Dv]; beta [B,T,H]; g None, [H], [B,T,H] or [B,T,H,Dk] log decays
     (<= 0); initial_state [B,H,Dk,Dv] or None. Returns (o [B,T,H,Dv] in v's dtype, final_state
     [B,H,Dk,Dv] fp32). chunk_size is accepted for the mixers.py signature; the kernels use 64.
+    gate_min: a bound the caller guarantees, every g >= gate_min (not checked on the data: that
+    would wait for the GPU); per-channel gates then take tensor cores for their diagonal blocks.
     """
     assert chunk_size == _DELTA_BT, f"the delta-rule kernels use chunks of {_DELTA_BT}, got {chunk_size}"
+    bounded = _check_gate_min(gate_min) and g is not None and g.dim() == 4
     B, T, H, K = q.shape
     assert K <= 256, "key head dim above 256 is not supported by these kernels"
     scale = K ** -0.5 if scale is None else scale
@@ -1765,7 +1816,7 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
         g = g.contiguous()
     h0 = initial_state.float().contiguous() if initial_state is not None else None
     o, ht, *_ = _delta_rule_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), g, h0,
-                                float(scale))
+                                float(scale), bounded)
     return o, ht
 
 
@@ -1925,7 +1976,7 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #
 # Pieces of a training step that PyTorch runs as chains of memory-bound passes, or as many
 # small launches, which bound the step of a small model by the host (the norms, rms_norm_gate
-# and l2_normalize, and softplus_decay have their own notes further down):
+# and l2_normalize, and the log decays have their own notes further down):
 #
 #   short_conv    y = silu(causal depthwise conv over time), the short conv in front of every
 #                 mixer (mixers.ShortConv). cuDNN's depthwise conv and its backward, plus the
@@ -2466,11 +2517,13 @@ def l2_normalize(x, eps=1e-24):
     return _norm_fwd(x, None, None, 1.0, float(eps), 0)
 
 
-# Mamba-2's log decay, as Gated DeltaNet (one per head) and KDA (one per key channel) make it:
-#     g = -exp(A_log[h]) * softplus(a + dt_bias),   a [N, H * K] (K = 1: per head)
-# With x = a + dt_bias and A = exp(A_log) the backward is
-#     da = ddt_bias (before the sum over rows) = -A * sigmoid(x) * dg,   dA_log = sum(dg * g)
-# Eager PyTorch runs it as five passes and about eight backward; here one each.
+# The log decays that Gated DeltaNet (one per head) and KDA (one per key channel) make, with
+# x = a + dt_bias, A = exp(A_log[h]), a [N, H * K] (K = 1: per head):
+#     Mamba-2's   g = -A * softplus(x)                   (floor = 0: unbounded below)
+#         da = ddt_bias (before the sum over rows) = -A * sigmoid(x) * dg,   dA_log = sum(dg * g)
+#     bounded     g = floor * sigmoid(A x), in (floor, 0) (Kimi Linear's, floor < 0)
+#         da = floor * s (1 - s) * A * dg with s = sigmoid(A x),             dA_log = sum(da * x)
+# Eager PyTorch runs either as four to five passes and about eight backward; here one each.
 
 
 @triton.jit
@@ -2480,31 +2533,46 @@ def _decay_pre(a, A_log, dt_bias, o_r, o_c, m_r, m_c, SA, K: tl.constexpr):
     b_x = tl.load(a + o_r.to(tl.int64)[:, None] * SA + o_c[None, :], mask=m_x, other=0.0).to(tl.float32)
     b_x += tl.load(dt_bias + o_c, mask=m_c, other=0.0)[None, :]
     b_A = tl.exp(tl.load(A_log + o_c // K, mask=m_c, other=0.0))[None, :]
-    # softplus: x past F.softplus's threshold of 20; exp(x) where 1 + exp(x) rounds to 1 in fp32
-    b_sp = tl.where(b_x > 20.0, b_x, tl.where(b_x < -15.0, tl.exp(b_x), tl.log(1 + tl.exp(tl.minimum(b_x, 20.0)))))
-    return b_x, b_A, b_sp, m_x
+    return b_x, b_A, m_x
 
 
 @triton.jit
-def _decay_fwd_kernel(a, A_log, dt_bias, g, N, HK, SA, K: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+def _softplus(x):
+    # past F.softplus's threshold of 20: x; exp(x) where 1 + exp(x) rounds to 1 in fp32
+    return tl.where(x > 20.0, x, tl.where(x < -15.0, tl.exp(x), tl.log(1 + tl.exp(tl.minimum(x, 20.0)))))
+
+
+@triton.jit
+def _decay_fwd_kernel(a, A_log, dt_bias, g, floor, N, HK, SA, K: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                      BOUNDED: tl.constexpr):
     o_r, o_c = tl.program_id(0) * BR + tl.arange(0, BR), tl.program_id(1) * BC + tl.arange(0, BC)
-    _, b_A, b_sp, m_x = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
-    tl.store(g + o_r.to(tl.int64)[:, None] * HK + o_c[None, :], -b_A * b_sp, mask=m_x)
+    b_x, b_A, m_x = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
+    if BOUNDED:
+        b_g = floor * tl.sigmoid(b_A * b_x)
+    else:
+        b_g = -b_A * _softplus(b_x)
+    tl.store(g + o_r.to(tl.int64)[:, None] * HK + o_c[None, :], b_g, mask=m_x)
 
 
 @triton.jit
-def _decay_bwd_kernel(a, A_log, dt_bias, dg, da, dAp, dbp, N, HK, SA, K: tl.constexpr, BR: tl.constexpr,
-                      BC: tl.constexpr):
+def _decay_bwd_kernel(a, A_log, dt_bias, dg, da, dAp, dbp, floor, N, HK, SA, K: tl.constexpr, BR: tl.constexpr,
+                      BC: tl.constexpr, BOUNDED: tl.constexpr):
     """da [N, HK] in a's dtype; dAp, dbp [programs over rows, HK] fp32: this block's sums of
-    dg * g and of da over its rows (the caller sums them)."""
+    dA_log's terms and of da over its rows (the caller sums them)."""
     i_r = tl.program_id(0)
     o_r, o_c = i_r * BR + tl.arange(0, BR), tl.program_id(1) * BC + tl.arange(0, BC)
-    b_x, b_A, b_sp, m_x = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
+    b_x, b_A, m_x = _decay_pre(a, A_log, dt_bias, o_r, o_c, o_r < N, o_c < HK, SA, K)
     o_x = o_r.to(tl.int64)[:, None] * HK + o_c[None, :]
     b_dg = tl.load(dg + o_x, mask=m_x, other=0.0).to(tl.float32)
-    b_dx = tl.where(b_x > 20.0, 1.0, tl.sigmoid(b_x)) * -b_A * b_dg
+    if BOUNDED:
+        b_s = tl.sigmoid(b_A * b_x)
+        b_dx = floor * b_s * (1 - b_s) * b_A * b_dg
+        b_dA = b_dx * b_x
+    else:
+        b_dx = tl.where(b_x > 20.0, 1.0, tl.sigmoid(b_x)) * -b_A * b_dg
+        b_dA = b_dg * -b_A * _softplus(b_x)
     tl.store(da + o_x, b_dx.to(da.dtype.element_ty), mask=m_x)
-    tl.store(dAp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dg * -b_A * b_sp, axis=0), mask=o_c < HK)
+    tl.store(dAp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dA, axis=0), mask=o_c < HK)
     tl.store(dbp + i_r.to(tl.int64) * HK + o_c, tl.sum(b_dx, axis=0), mask=o_c < HK)
 
 
@@ -2523,21 +2591,22 @@ def _decay_launch(a, A_log, dt_bias):
     return a2, A_log.float().contiguous(), dt_bias.float().contiguous(), N, HK, HK // H, BC, grid
 
 
-@_op("softplus_decay_fwd")
-def _decay_fwd(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+@_op("log_decay_fwd")
+def _decay_fwd(a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, floor: float) -> torch.Tensor:
     a2, A32, b32, N, HK, K, BC, grid = _decay_launch(a, A_log, dt_bias)
     g = torch.empty(a.shape, device=a.device, dtype=torch.float32)
-    _decay_fwd_kernel[grid](a2, A32, b32, g, N, HK, a2.stride(1), K=K, BR=_DECAY_BR, BC=BC, num_warps=_DECAY_WARPS)
+    _decay_fwd_kernel[grid](a2, A32, b32, g, floor, N, HK, a2.stride(1), K=K, BR=_DECAY_BR, BC=BC,
+                            BOUNDED=floor < 0, num_warps=_DECAY_WARPS)
     return g
 
 
 @_decay_fwd.register_fake
-def _(a, A_log, dt_bias):
+def _(a, A_log, dt_bias, floor):
     return a.new_empty(a.shape, dtype=torch.float32)
 
 
-@_op("softplus_decay_bwd")
-def _decay_bwd(dg: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+@_op("log_decay_bwd")
+def _decay_bwd(dg: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, floor: float
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(da, dA_log, ddt_bias) in the inputs' dtypes."""
     a2, A32, b32, N, HK, K, BC, grid = _decay_launch(a, A_log, dt_bias)
@@ -2545,32 +2614,45 @@ def _decay_bwd(dg: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: 
     da = torch.empty(a.shape, device=a.device, dtype=a.dtype)
     dAp = torch.empty(grid[0], HK, device=a.device, dtype=torch.float32)
     dbp = torch.empty_like(dAp)
-    _decay_bwd_kernel[grid](a2, A32, b32, dg.contiguous(), da, dAp, dbp, N, HK, a2.stride(1), K=K, BR=_DECAY_BR,
-                            BC=BC, num_warps=_DECAY_WARPS)
+    _decay_bwd_kernel[grid](a2, A32, b32, dg.contiguous(), da, dAp, dbp, floor, N, HK, a2.stride(1), K=K,
+                            BR=_DECAY_BR, BC=BC, BOUNDED=floor < 0, num_warps=_DECAY_WARPS)
     dA = dAp.sum(0).view(H, K).sum(1)
     return da, dA.to(A_log.dtype), dbp.sum(0).to(dt_bias.dtype).view(dt_bias.shape)
 
 
 @_decay_bwd.register_fake
-def _(dg, a, A_log, dt_bias):
+def _(dg, a, A_log, dt_bias, floor):
     return a.new_empty(a.shape), A_log.new_empty(A_log.shape), dt_bias.new_empty(dt_bias.shape)
 
 
 def _decay_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    ctx.save_for_backward(*inputs[:3])
+    ctx.floor = inputs[3]
 
 
 def _decay_backward(ctx, dg):
-    return _decay_bwd(dg, *ctx.saved_tensors)
+    return *_decay_bwd(dg, *ctx.saved_tensors, ctx.floor), None
 
 
 _decay_fwd.register_autograd(_decay_backward, setup_context=_decay_setup)
+
+
+def _check_decay(a, A_log, dt_bias):
+    assert a.dim() in (3, 4) and A_log.shape == (a.shape[2],) and dt_bias.numel() == a[0, 0].numel(), \
+        f"a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}"
+
+
+def sigmoid_decay(a, A_log, dt_bias, floor):
+    """floor * sigmoid(exp(A_log) * (a + dt_bias)) in fp32, in (floor, 0) for floor < 0 (Kimi
+    Linear's bounded log decay), with a, A_log, dt_bias as softplus_decay takes them."""
+    _check_decay(a, A_log, dt_bias)
+    assert floor < 0, f"floor={floor}: a bounded log decay needs floor < 0"
+    return _decay_fwd(a, A_log, dt_bias, float(floor))
 
 
 def softplus_decay(a, A_log, dt_bias):
     """-exp(A_log) * softplus(a + dt_bias) in fp32 (Mamba-2's log decay, <= 0): a [B, T, H] with
     A_log, dt_bias [H], or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (one per channel).
     a's rows may be strided (a slice of a wider projection)."""
-    assert a.dim() in (3, 4) and A_log.shape == (a.shape[2],) and dt_bias.numel() == a[0, 0].numel(), \
-        f"a {tuple(a.shape)}, A_log {tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}"
-    return _decay_fwd(a, A_log, dt_bias)
+    _check_decay(a, A_log, dt_bias)
+    return _decay_fwd(a, A_log, dt_bias, 0.0)

@@ -52,6 +52,10 @@ import torch.nn.functional as F
 
 MLSTM_CAP = 15.0  # mLSTM gate pre-activations are soft-capped to (-15, 15); also its fixed stabilizer
 SUB = 16  # sub-chunk width for per-channel decays inside a chunk
+# the floor of GLA's and KDA's per-step log decay (a per-token decay of at least exp(-5) = 0.0067):
+# 15 steps then span at most 75 nats, inside fp32's exp, and the kernels take a diagonal sub-block
+# of the chunk as one tensor-core product. From Kimi Linear's gate (fla's KDA safe_gate)
+GATE_MIN = -5.0
 
 
 def _fp32(fn):
@@ -352,8 +356,9 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     return _chunked(q, k, v, None, g, initial_state, scale, chunk_size)
 
 
-def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64):
-    """S_t = exp(g_t) S_{t-1}; S_t += beta_t k_t (v_t - S_t^T k_t)^T; o_t = S_t^T (scale q_t), chunked."""
+def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chunk_size=64, gate_min=None):
+    """S_t = exp(g_t) S_{t-1}; S_t += beta_t k_t (v_t - S_t^T k_t)^T; o_t = S_t^T (scale q_t), chunked.
+    gate_min as in chunk_decay_additive."""
     return _chunked(q, k, v, beta, g, initial_state, scale, chunk_size)
 
 
@@ -447,12 +452,20 @@ def softplus_decay(a, A_log, dt_bias):
     return -A * F.softplus(a + dt_bias.view(a.shape[2:]))
 
 
+def sigmoid_decay(a, A_log, dt_bias, floor):
+    """Kimi Linear's bounded log decay floor * sigmoid(exp(A_log) * (a + dt_bias)), in (floor, 0),
+    fp32; a, A_log, dt_bias as softplus_decay takes them."""
+    A = A_log.exp().view(-1, *[1] * (a.dim() - 3))
+    return floor * torch.sigmoid(A * (a + dt_bias.view(a.shape[2:])))
+
+
 BACKENDS = ("naive", "torch", "triton")  # the three forms a mixer runs in
 # the PyTorch forms under the names of their twins in kernels.py
 TORCH = SimpleNamespace(
     chunk_decay_additive=chunk_decay_additive, chunk_delta_rule=chunk_delta_rule,
     recurrent_step_decay_additive=step_decay_additive, recurrent_step_delta_rule=step_delta_rule,
-    short_conv=short_conv, l2_normalize=l2_normalize, rms_norm_gate=rms_norm_gate, softplus_decay=softplus_decay)
+    short_conv=short_conv, l2_normalize=l2_normalize, rms_norm_gate=rms_norm_gate, softplus_decay=softplus_decay,
+    sigmoid_decay=sigmoid_decay)
 
 
 def check_backend(backend, device=None):
@@ -535,6 +548,15 @@ def _A_log(n):
     return nn.Parameter(torch.empty(n).uniform_(0, 16).log())
 
 
+def _dt_bias_bounded(A_log, width):
+    """dt_bias [H * width] for sigmoid_decay with floor GATE_MIN such that, for a = 0, the log decay
+    is Mamba-2's -A dt at its init (dt log-uniform in [1e-3, 1e-1]): GATE_MIN sigmoid(A b) = -A dt
+    for b = logit(A dt / -GATE_MIN) / A, A dt <= 1.6 < 5."""
+    A = A_log.detach().exp().repeat_interleave(width)
+    dt = torch.exp(torch.empty_like(A).uniform_(math.log(1e-3), math.log(1e-1)))
+    return nn.Parameter(torch.logit(A * dt / -GATE_MIN) / A)
+
+
 ROW_ALIGN = 16  # channels: Triton's JIT proves 16-byte rows when a row stride divides by 16
 
 
@@ -549,6 +571,7 @@ class MixerLayer(nn.Module):
     out_norm = None  # per-head output norm: "rms" or "layer"
     out_gate = None  # per-channel output gate from x: "silu" or "sigmoid"
     qk_l2 = False  # L2-normalize q and k per head (after the short conv)
+    gate_min = None  # a floor every log decay the mixer makes keeps (GLA, KDA: GATE_MIN), or None
     backend = None  # "naive", "torch" or "triton"; None: triton for CUDA tensors, torch otherwise
 
     def __init__(self, config, layer_idx):
@@ -625,10 +648,12 @@ class MixerLayer(nn.Module):
     def mix(self, f, q, k, v, gates, state, step):
         """The family's recurrence in the forms f: the one-token step when decoding, else chunked."""
         if self.family == "additive":
-            fn = f.recurrent_step_decay_additive if step else f.chunk_decay_additive
-            return fn(q, k, v, gates.get("g"), state)
-        fn = f.recurrent_step_delta_rule if step else f.chunk_delta_rule
-        return fn(q, k, v, gates["beta"], gates.get("g"), state)
+            if step:
+                return f.recurrent_step_decay_additive(q, k, v, gates.get("g"), state)
+            return f.chunk_decay_additive(q, k, v, gates.get("g"), state, gate_min=self.gate_min)
+        if step:
+            return f.recurrent_step_delta_rule(q, k, v, gates["beta"], gates.get("g"), state)
+        return f.chunk_delta_rule(q, k, v, gates["beta"], gates.get("g"), state, gate_min=self.gate_min)
 
     def norm_gate(self, f, o, z):
         """The per-head output norm, times the output gate act(z) from x. o [B, T, H, D]."""
@@ -691,6 +716,7 @@ class GLA(MixerLayer):
     name, family, decay = "gla", "additive", "channel"
     textbook = staticmethod(gla_recurrent)
     out_norm, out_gate = "rms", "silu"
+    gate_min = GATE_MIN
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
@@ -705,7 +731,9 @@ class GLA(MixerLayer):
 
     def gates(self, f, p, q, k, rope):
         g = F.logsigmoid(self.gk_up(p["decay"])).view_as(k) / 16  # [B, T, H, Dk]; /16 keeps a near 1
-        return q, k, {"g": g}
+        # floored at GATE_MIN, which logsigmoid / 16 reaches only for a pre-activation below -80.
+        # <-- vs GLA's paper: unbounded below; the floor lets the kernels use tensor cores
+        return q, k, {"g": g.clamp(min=GATE_MIN)}
 
 
 class MLSTM(MixerLayer):
@@ -777,20 +805,26 @@ class KDA(DeltaNet):
     name, family, decay = "kda", "delta", "channel"
     textbook = staticmethod(kda_recurrent)
     out_gate = "sigmoid"
+    gate_min = GATE_MIN
 
     def __init__(self, config, layer_idx):
         super().__init__(config, layer_idx)
         H, D = self.n_head, self.head_dim
         # low-rank decay (rank head_dim, as in Kimi Linear): in_proj's "decay" rows, then f_up;
-        # A per head, dt per channel
+        # A per head, dt per channel. The log decay is Kimi Linear's bounded one, GATE_MIN
+        # sigmoid(A (a + dt_bias)), with dt_bias set so that a new student's decay is Mamba-2's
+        # exp(-A dt) at its init (A ~ U(0, 16), dt log-uniform in [1e-3, 1e-1]: a per-token decay
+        # of about 0.94 at the median channel, 0.2 = exp(-1.6) at the fastest possible)
         self.f_up = nn.Linear(D, H * D, bias=False)
-        self.A_log, self.dt_bias = _A_log(H), _dt_bias(H * D)
+        self.A_log = _A_log(H)
+        self.dt_bias = _dt_bias_bounded(self.A_log, D)
 
     def projections(self, H, D):
         return super().projections(H, D) | {"decay": D}
 
     def gates(self, f, p, q, k, rope):
-        g = f.softplus_decay(self.f_up(p["decay"]).view_as(k), self.A_log, self.dt_bias)  # [B, T, H, Dk]
+        # <-- vs the study's code: Mamba-2's -A softplus(a + dt_bias), unbounded below
+        g = f.sigmoid_decay(self.f_up(p["decay"]).view_as(k), self.A_log, self.dt_bias, GATE_MIN)  # [B, T, H, Dk]
         return q, k, {"beta": torch.sigmoid(p["beta"]), "g": g}
 
 

@@ -83,7 +83,9 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
                             run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
                                          gate_min=gate_min)
                     if "delta" in families and gate != "const":  # the delta rule's gate is per step
-                        run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
+                        for gate_min in [None] + ([-5.0] if gate == "channel" else []):
+                            run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht,
+                                         gate_min=gate_min)
                 if "glue" in families:  # section 5, at this head size
                     glue(kernels, rnd, dtype, B, T, H, D)
     finally:
@@ -112,6 +114,7 @@ def glue(kernels, rnd, dtype, B, T, H, D):
     backward(kernels.l2_normalize(leaf(B, T, H, D)))
     backward(kernels.softplus_decay(leaf(B, T, H), rnd(H).requires_grad_(), rnd(H).requires_grad_()))
     backward(kernels.softplus_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_()))
+    backward(kernels.sigmoid_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_(), -5.0))
     y = torch.randint(0, 100, (B * T,))
     kernels.distill_loss_grad(leaf(B * T, 100), rnd(B * T, 100).to(dtype), y)
 

@@ -24,7 +24,7 @@ from gradients import run_and_grad  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where every claim runs
 CUDA = DEV == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"  # compiled kernels
-GATES = ["none", "head", "channel"]  # DeltaNet, Gated DeltaNet, KDA
+GATES = ["none", "head", "channel", "bounded"]  # DeltaNet, Gated DeltaNet, KDA unbounded and as it is
 
 
 def make_inputs(gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
@@ -33,8 +33,11 @@ def make_inputs(gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
     # L2-normalized keys and sigmoid betas, as the mixers make them (the delta rule assumes both)
     q, k, v = rnd(B, T, H, K), torch.nn.functional.normalize(rnd(B, T, H, K), dim=-1), rnd(B, T, H, V)
     beta = torch.sigmoid(rnd(B, T, H))
-    shape = {"none": None, "head": (B, T, H), "channel": (B, T, H, K)}[gate]
+    shape = {"none": None, "head": (B, T, H), "channel": (B, T, H, K), "bounded": (B, T, H, K)}[gate]
     g = None if shape is None else torch.nn.functional.logsigmoid(rnd(*shape) + 2.0)
+    if gate == "bounded":  # KDA's range, (GATE_MIN, 0), a third of the gates at the floor itself
+        g = (mixers.GATE_MIN * torch.rand(shape, generator=gen, device=device) ** 0.5).clamp(max=-1e-3)
+        g = torch.where(torch.rand(shape, generator=gen, device=device) < 1 / 3, mixers.GATE_MIN, g)
     h0 = rnd(B, H, K, V)
     return [x.to(dtype) for x in (q, k, v)], beta.to(dtype), g, h0
 
@@ -55,7 +58,8 @@ def check_against_recurrence(gate, B, T, H, K, V, with_state, device, dtype, tol
     do = torch.randn(B, T, H, V, device=device)
     dht = torch.randn(B, H, K, V, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
-    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale)
+    bound = {"gate_min": mixers.GATE_MIN} if gate == "bounded" else {}
+    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale, **bound)
     ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale)
     assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
     names = ["dq", "dk", "dv", "dbeta"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
@@ -78,6 +82,8 @@ FP32_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5}
     ("head", 100, True),
     ("channel", 100, True),  # four 16-row sub-chunks per chunk, per-channel rescaling
     ("channel", 40, False),  # one ragged chunk, no state in or out
+    ("bounded", 100, True),  # gates in [GATE_MIN, 0]: diagonal sub-blocks as products
+    ("bounded", 40, False),
 ])
 def test_matches_recurrence_fp32(gate, T, with_state):
     # Dk = 20 and Dv = 24 are not powers of two: every block is masked
@@ -117,6 +123,43 @@ def test_extreme_gates_stay_finite_and_exact():
     assert rel(o, ro) < 1e-3 and rel(ht, rht) < 1e-3
     for a, b in zip(grads, rgrads):
         assert rel(a, b) < 1e-3
+
+
+def test_chunked_forms_match_the_recurrence_at_the_gate_floor():
+    # every gate at GATE_MIN itself: 15 steps of -5 inside a sub-chunk, the widest span the
+    # bounded kernels take (exp(75) in k's factor), for the PyTorch chunked form and the kernels
+    (q, k, v), beta, g, h0 = make_inputs("channel", 1, 100, 2, 16, 16)
+    g = torch.full_like(g, mixers.GATE_MIN)
+    ro, rht = reference(q, k, v, beta, g, h0)
+    for fn in (mixers.chunk_delta_rule, kernels.chunk_delta_rule):
+        o, ht = fn(q, k, v, beta, g, h0, gate_min=mixers.GATE_MIN)
+        assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5, fn.__module__
+
+
+def test_later_gates_never_reach_earlier_outputs_or_gradients():
+    # bounded kernels: change q, k, v, beta and the gates after t0 (inside a sub-chunk, mid-chunk)
+    # and nothing at or before t0 may change, not even by rounding: the outputs, and the gradients
+    # of a loss on them with respect to every input at or before t0. A diagonal block anchored at
+    # a later row than its first (fla issue #1240) fails this
+    (q, k, v), beta, g, h0 = make_inputs("bounded", 1, 100, 2, 16, 16)
+    t0 = 16 + 6
+    gen = torch.Generator(DEV).manual_seed(5)
+    late = lambda x, lo=None: torch.cat([x[:, :t0 + 1], (torch.rand(x[:, t0 + 1:].shape, generator=gen, device=DEV)  # noqa: E731
+                                         * (lo if lo is not None else 1.0))], 1)
+    runs = []
+    for inputs in [(q, k, v, beta, g), (late(q), late(k), late(v), late(beta), late(g, mixers.GATE_MIN))]:
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        o, _ = kernels.chunk_delta_rule(*leaves, h0, gate_min=mixers.GATE_MIN)
+        o[:, :t0 + 1].square().sum().backward()
+        runs.append([o[:, :t0 + 1]] + [x.grad[:, :t0 + 1] for x in leaves])
+    for name, a, b in zip(["o", "dq", "dk", "dv", "dbeta", "dg"], *runs):
+        assert torch.equal(a, b), f"{name} at or before t0 changed with later inputs"
+
+
+def test_a_gate_bound_too_loose_for_the_products_is_named():
+    (q, k, v), beta, g, _ = make_inputs("channel", 1, 20, 1, 16, 16)
+    with pytest.raises(ValueError, match=r"gate_min=-10"):
+        kernels.chunk_delta_rule(q, k, v, beta, g, gate_min=-10.0)
 
 
 # --- the same claims on a GPU, compiled kernels ---------------------------------------------

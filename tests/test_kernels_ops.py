@@ -65,11 +65,14 @@ def additive(gate, gate_min=None):
                                                                gate_min=gate_min), make
 
 
-def delta(gate):
+def delta(gate, gate_min=None):
     def make(gen):
         k = F.normalize(torch.randn(B, T, H, K, generator=gen, device=DEV), dim=-1).requires_grad_()
         beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, device=DEV)).requires_grad_()
         return [rnd(gen, B, T, H, K), k, rnd(gen, B, T, H, V), beta, gate_of(gen, gate), rnd(gen, B, H, K, V)]
+    if gate_min is not None:  # gates floored at gate_min: the bounded kernels
+        return lambda q, k, v, beta, g, h0: kernels.chunk_delta_rule(q, k, v, beta, g.clamp(min=gate_min), h0,
+                                                                     gate_min=gate_min), make
     return lambda q, k, v, beta, g, h0: kernels.chunk_delta_rule(q, k, v, beta, g, h0), make  # default scale
 
 
@@ -96,6 +99,7 @@ CASES = [(f"chunk_decay_additive-{gate}", "add_chunk_fwd", *additive(gate))
          for gate in ("none", "const", "head", "channel")]
 CASES += [("chunk_decay_additive-channel-bounded", "add_chunk_fwd", *additive("channel", gate_min=-5.0))]
 CASES += [(f"chunk_delta_rule-{gate}", "delta_rule_fwd", *delta(gate)) for gate in ("none", "const", "head", "channel")]
+CASES += [("chunk_delta_rule-channel-bounded", "delta_rule_fwd", *delta("channel", gate_min=-5.0))]
 CASES += [("recurrent_step_decay_additive", "recurrent_step_decay_additive", *step("additive", "channel")),
           ("recurrent_step_delta_rule", "recurrent_step_delta_rule", *step("delta", "head"))]
 CASES += [
@@ -112,9 +116,11 @@ CASES += [
      lambda x, w, z: kernels.rms_norm_gate(x, w, z[..., H * K:].unflatten(-1, (H, K)), "silu"),
      lambda gen: [rnd(gen, B, T, H, K), rnd(gen, K), rnd(gen, B, T, 2 * H * K)]),
     ("l2_normalize", "norm_fwd", kernels.l2_normalize, lambda gen: [rnd(gen, B, T, H, K)]),
-    ("softplus_decay-head", "softplus_decay_fwd", lambda a, A, b: kernels.softplus_decay(a[..., :H], A, b),
+    ("softplus_decay-head", "log_decay_fwd", lambda a, A, b: kernels.softplus_decay(a[..., :H], A, b),
      lambda gen: [rnd(gen, B, T, H + 3), rnd(gen, H), rnd(gen, H)]),
-    ("softplus_decay-channel", "softplus_decay_fwd", kernels.softplus_decay,
+    ("softplus_decay-channel", "log_decay_fwd", kernels.softplus_decay,
+     lambda gen: [rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K)]),
+    ("sigmoid_decay-channel", "log_decay_fwd", lambda a, A, b: kernels.sigmoid_decay(a, A, b, -5.0),
      lambda gen: [rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K)]),
     ("distill_loss", "distill_loss", lambda z, t, y: kernels.distill_loss(z, t, y, 0.7, 1.3, 2.0), logits),
     ("distill_loss-ce", "distill_loss", lambda z, t, y: kernels.distill_loss(z, None, y), logits),
@@ -209,13 +215,13 @@ def op_args(name):
         _, _, gc = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16)
         return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16)
     if name == "delta_rule_fwd-channel":
-        return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3)
+        return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3, True)
     if name == "delta_rule_fwd-none":
-        return ops.delta_rule_fwd.default, (q, kn, v, beta, None, None, 0.3)
+        return ops.delta_rule_fwd.default, (q, kn, v, beta, None, None, 0.3, False)
     if name == "delta_rule_bwd-head":
         q, kn, v, beta, gh, h0 = (x.detach() for x in (q, kn, v, beta, gh, h0))
-        _, _, gc, Ai, P = ops.delta_rule_fwd(q, kn, v, beta, gh, h0, 0.3)
-        return ops.delta_rule_bwd.default, (do, None, q, kn, v, beta, gh, h0, gc, Ai, P, 0.3)
+        _, _, gc, Ai, P = ops.delta_rule_fwd(q, kn, v, beta, gh, h0, 0.3, False)
+        return ops.delta_rule_bwd.default, (do, None, q, kn, v, beta, gh, h0, gc, Ai, P, 0.3, False)
     if name == "recurrent_step_delta_rule":
         x = [t.detach()[:, :1] for t in (q, kn, v, beta, gk)]
         return ops.recurrent_step_delta_rule.default, (*x, h0.detach(), 0.3)
@@ -223,8 +229,10 @@ def op_args(name):
         return ops.short_conv_fwd.default, (rnd(gen, B, T, 3 * H * K), rnd(gen, 3 * H * K, 4), 3, 2, K)
     if name == "norm_fwd":
         return ops.norm_fwd.default, (q, rnd(gen, K), rnd(gen, B, T, H, K), 1.0 / K, 1e-5, 2)
-    if name == "softplus_decay_fwd":
-        return ops.softplus_decay_fwd.default, (rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K))
+    if name == "log_decay_fwd-softplus":
+        return ops.log_decay_fwd.default, (rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K), 0.0)
+    if name == "log_decay_fwd-sigmoid":
+        return ops.log_decay_fwd.default, (rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K), -5.0)
     if name == "distill_loss":
         z, t, y = logits(gen)
         return ops.distill_loss.default, (z, t, y, 0.7, 1.3, 2.0, True)
@@ -233,7 +241,7 @@ def op_args(name):
 
 OPCHECKS = ["add_chunk_fwd-channel", "add_chunk_fwd-channel-bounded", "add_chunk_fwd-none", "add_chunk_fwd-const", "add_chunk_bwd-head",
             "delta_rule_fwd-channel", "delta_rule_fwd-none", "delta_rule_bwd-head", "recurrent_step_delta_rule",
-            "short_conv_fwd", "norm_fwd", "softplus_decay_fwd", "distill_loss"]
+            "short_conv_fwd", "norm_fwd", "log_decay_fwd-softplus", "log_decay_fwd-sigmoid", "distill_loss"]
 
 
 @pytest.mark.parametrize("name", OPCHECKS)

@@ -421,7 +421,7 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
     dtypes = []
     for name in ("chunk_decay_additive", "chunk_delta_rule"):
         fn = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda q, *a, _fn=fn: dtypes.append(q.dtype) or _fn(q, *a))
+        monkeypatch.setattr(kernels, name, lambda q, *a, _fn=fn, **kw: dtypes.append(q.dtype) or _fn(q, *a, **kw))
 
     def step(use_kernels, bf16):
         student.set_backend("triton" if use_kernels else "torch")
@@ -480,3 +480,30 @@ def test_projection_rows_are_aligned_and_padding_changes_nothing(mixer):
     assert stride % 16 == 0 and stride == rows + (-rows % 16) and stride_plain == rows
     torch.testing.assert_close(out, out_plain, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad, grad_plain, rtol=1e-5, atol=1e-6)
+
+
+def test_kda_gate_is_bounded_and_starts_at_mamba2s_decay():
+    # KDA's log decay GATE_MIN sigmoid(A (a + dt_bias)) stays in (GATE_MIN, 0) for any a, and for
+    # a = 0 a new layer's is Mamba-2's -A dt, dt log-uniform in [1e-3, 1e-1], channel by channel
+    torch.manual_seed(0)
+    layer = mixers.LAYERS["kda"](model.Config(n_layer=1, vocab_size=64, mixer="kda"), 0)
+    H, D = layer.n_head, layer.head_dim
+    g0 = mixers.sigmoid_decay(torch.zeros(1, 1, H, D), layer.A_log, layer.dt_bias, mixers.GATE_MIN)
+    dt = -g0 / layer.A_log.exp().view(H, 1)
+    assert dt.min() >= 1e-3 * (1 - 1e-4) and dt.max() <= 1e-1 * (1 + 1e-4)
+    assert dt.log().std() > 0.3 * (math.log(1e-1) - math.log(1e-3)) / math.sqrt(12)  # spread, not one value
+    g = mixers.sigmoid_decay(1e3 * torch.randn(4, 8, H, D), layer.A_log, layer.dt_bias, mixers.GATE_MIN)
+    assert (g >= mixers.GATE_MIN).all() and (g <= 0).all() and g.min() < 0.99 * mixers.GATE_MIN
+
+
+@pytest.mark.parametrize("mixer", ["gla", "kda"])
+def test_per_channel_gates_keep_their_floor(mixer):
+    # the layers' gates, fed pre-activations far past any trained value, never go below GATE_MIN,
+    # the bound they pass to the kernels
+    torch.manual_seed(0)
+    layer = mixers.LAYERS[mixer](model.Config(n_layer=1, vocab_size=64, mixer=mixer), 0)
+    assert layer.gate_min == mixers.GATE_MIN
+    p = {"decay": 1e4 * torch.randn(2, 8, layer.widths["decay"]), "beta": torch.zeros(2, 8, layer.n_head)}
+    q = k = torch.randn(2, 8, layer.n_head, layer.head_dim)
+    g = layer.gates(mixers.TORCH, p, q, k, None)[2]["g"]
+    assert (g >= mixers.GATE_MIN).all() and (g == mixers.GATE_MIN).any()
