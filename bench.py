@@ -1,6 +1,7 @@
 """
 Speed of the seven token mixers on a GPU: our Triton kernels (kernels.py) against our chunked
-PyTorch forms (mixers.py), fla's kernels (optional) and causal FlashAttention (PyTorch SDPA).
+PyTorch forms (mixers.py), the published kernels of the same recurrences (--peers) and causal
+FlashAttention (PyTorch SDPA).
 
 Correctness comes first: every kernel is checked against the chunked PyTorch form in fp32
 (outputs and every gradient) before anything is timed. Times are medians of
@@ -10,16 +11,21 @@ dispatch and the launches); the "graphed" column replays our forward and backwar
 graph (triton.testing.do_bench_cudagraph), which leaves the device time alone.
 
     python bench.py                                  # all mixers, the three shapes below
-    python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --fla
+    python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --peers
     python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --profile   # time per kernel
 
 FLOP counts are those of the chunked algorithm (chunk C = 64, per token and head):
 decayed additive 4*Dk*Dv + 2*C*(Dk+Dv), delta rule 6*Dk*Dv + 6*C*Dk + 4*C*Dv; forward plus
 backward is counted as 3x forward, causal attention as 2*T*D forward and 3.5x for both.
 Bytes are the floor: every input read once and every output written once.
-References: fla-org/flash-linear-attention 0.6.0 (the fla column; fla refuses Gated DeltaNet's
-gated backward on Hopper with triton < 3.7.1, its issue #640), NX-AI/mlstm_kernels 2.0.6
-(mLSTM's chunkwise triton_xl_chunk), triton.testing.do_bench (medians after warm-up).
+The peer of each mixer, timed in the same run on inputs already in its own layout:
+fla-org/flash-linear-attention 0.6.0's chunk_simple_gla (linear attention), chunk_retention
+(RetNet), chunk_gla (GLA), chunk_delta_rule (DeltaNet), chunk_gated_delta_rule (Gated DeltaNet;
+fla refuses its gated backward on Hopper with triton < 3.7.1, its issue #640, and the table says
+so) and chunk_kda with safe_gate and lower_bound -5 (KDA, the same bounded gate as ours);
+NX-AI/mlstm_kernels 2.0.6's chunkwise--triton_xl_chunk at its defaults (mLSTM). A peer whose
+package is missing, or that raises, gets "-" and a line below the table saying why.
+Timing: triton.testing.do_bench (medians after warm-up).
 """
 
 import argparse
@@ -34,40 +40,54 @@ import kernels
 import mixers
 
 SHAPES = [(8, 4096, 16, 64), (4, 8192, 16, 128), (1, 32768, 16, 64)]
-# forward+backward in ms at (8, 4096, 16, 64), timed on one H200 (bf16, torch 2.11, triton 3.6,
-# do_bench): fla 0.6.0, except mLSTM (mlstm_kernels 2.0.6) and Gated DeltaNet (fla refuses its
-# backward on Hopper); `--fla` times fla in the same run instead
-FLA_RECORDED = {"linear_attention": 1.318, "retnet": 1.506, "mlstm": 1.917, "gla": 2.771,
-                "deltanet": 2.043, "kda": 4.667}
 
 
-def ours(family):
-    return kernels.chunk_decay_additive if family == "additive" else kernels.chunk_delta_rule
+def ours(name):
+    """Our kernel for the mixer, with the gate floor its layer guarantees (GLA, KDA)."""
+    gate_min = mixers.LAYERS[name].gate_min
+    if mixers.FAMILY[name][0] == "additive":
+        return lambda *x: kernels.chunk_decay_additive(*x, gate_min=gate_min)
+    return lambda *x: kernels.chunk_delta_rule(*x, gate_min=gate_min)
 
 
-def torch_form(family):
-    return mixers.chunk_decay_additive if family == "additive" else mixers.chunk_delta_rule
+def torch_form(name):
+    return mixers.chunk_decay_additive if mixers.FAMILY[name][0] == "additive" else mixers.chunk_delta_rule
 
 
-def fla_form(name):
-    """fla's kernel for the same recurrence, or None when fla is not importable."""
+def peer(name):
+    """(label, fn, inputs): the published kernel of the same recurrence, fn(*inputs(args)) -> its
+    output, where inputs() puts our (q, k, v[, beta][, g]) into its layout before any timing; or
+    (label, None, why) when its package does not import."""
+    if name == "mlstm":
+        label = "mlstm_kernels chunkwise--triton_xl_chunk"
+        try:
+            from mlstm_kernels.torch import get_mlstm_kernel
+        except ImportError as e:
+            return label, None, f"mlstm_kernels does not import ({e})"
+        kernel = get_mlstm_kernel("chunkwise--triton_xl_chunk")
+
+        def inputs(args):  # (B, NH, S, D) and the input and forget gates' pre-activations (B, NH, S)
+            q, k, v = (x.transpose(1, 2).contiguous() for x in args[:3])
+            return q, k, v, torch.randn(q.shape[:3], device=q.device), 3 + torch.randn(q.shape[:3], device=q.device)
+        return label, lambda q, k, v, i, f: kernel(q, k, v, i, f), inputs
+    fla = {"linear_attention": "chunk_simple_gla", "retnet": "chunk_retention", "gla": "chunk_gla",
+           "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule", "kda": "chunk_kda"}[name]
+    label = f"fla {fla}" + (" (safe_gate, lower_bound -5)" if name == "kda" else "")
     try:
-        from fla.ops.delta_rule import chunk_delta_rule
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        from fla.ops.gla import chunk_gla
-        from fla.ops.kda import chunk_kda
-        from fla.ops.simple_gla import chunk_simple_gla
-    except ImportError:
-        return None
-    B_T_H = lambda g, q: g if g.dim() == 3 else g.expand(q.shape[:3]).contiguous()  # noqa: E731
-    return {
-        "linear_attention": lambda q, k, v: chunk_simple_gla(q, k, v)[0],
-        "retnet": lambda q, k, v, g: chunk_simple_gla(q, k, v, g=B_T_H(g, q))[0],
-        "mlstm": lambda q, k, v, g: chunk_simple_gla(q, k, v, g=g)[0],
-        "gla": lambda q, k, v, g: chunk_gla(q, k, v, g=g)[0],
-        "deltanet": lambda q, k, v, beta: chunk_delta_rule(q, k, v, beta)[0],
-        "gated_deltanet": lambda q, k, v, beta, g: chunk_gated_delta_rule(q, k, v, g, beta)[0],
-        "kda": lambda q, k, v, beta, g: chunk_kda(q, k, v, g, beta)[0],
+        import fla.ops as ops
+    except ImportError as e:
+        return label, None, f"fla does not import ({e})"
+    fn = getattr(ops, fla)
+    return label, {
+        "linear_attention": lambda q, k, v: fn(q, k, v)[0],
+        "retnet": lambda q, k, v: fn(q, k, v)[0],  # fla's fixed decays are RetNet's gamma_h
+        "gla": lambda q, k, v, g: fn(q, k, v, g=g)[0],
+        "deltanet": lambda q, k, v, beta: fn(q, k, v, beta)[0],
+        "gated_deltanet": lambda q, k, v, g, beta: fn(q, k, v, g, beta)[0],
+        "kda": lambda q, k, v, g, beta: fn(q, k, v, g, beta, safe_gate=True, lower_bound=mixers.GATE_MIN)[0],
+    }[name], {
+        "linear_attention": lambda a: a, "retnet": lambda a: a[:3], "gla": lambda a: a, "deltanet": lambda a: a,
+        "gated_deltanet": lambda a: (*a[:3], a[4], a[3]), "kda": lambda a: (*a[:3], a[4], a[3]),
     }[name]
 
 
@@ -84,8 +104,10 @@ def make_inputs(name, B, T, H, D, dtype=torch.bfloat16, seed=0):
         args.append(torch.log(1 - 2.0 ** (-5 - torch.arange(H, device="cuda", dtype=torch.float32))))
     elif gate == "head":
         args.append(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4.0))
-    elif gate == "channel":
-        args.append(F.logsigmoid(torch.randn(B, T, H, D, device="cuda")) / 16)
+    elif gate == "channel" and family == "additive":  # GLA's, floored at GATE_MIN
+        args.append((F.logsigmoid(torch.randn(B, T, H, D, device="cuda")) / 16).clamp(min=mixers.GATE_MIN))
+    elif gate == "channel":  # KDA's bounded gate
+        args.append(mixers.GATE_MIN * torch.sigmoid(torch.randn(B, T, H, D, device="cuda") - 3.0))
     return args
 
 
@@ -94,9 +116,13 @@ def call(fn, args):
     return fn(*args)[0]
 
 
-def fwd_bwd(fn, args, do):
-    """A closure that runs forward and backward; its inputs' .grad are reset by do_bench."""
+def fwd_bwd(fn, args, do=None):
+    """A closure that runs forward and backward (do: the output's gradient, random when None);
+    its inputs' .grad are reset by do_bench."""
     leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    if do is None:
+        with torch.no_grad():
+            do = torch.randn_like(fn(leaves))
     return (lambda: fn(leaves).backward(do)), leaves
 
 
@@ -106,11 +132,10 @@ def relerr(a, b):
 
 def check(name, shape=(2, 1000, 4, 64)):
     """Relative errors of our bf16 kernel against the fp32 chunked PyTorch form: o, then grads."""
-    family, _ = mixers.FAMILY[name]
     args = make_inputs(name, *shape)
     do = torch.randn_like(args[2])
     results = []
-    for fn, dtype in [(ours(family), torch.bfloat16), (torch_form(family), torch.float32)]:
+    for fn, dtype in [(ours(name), torch.bfloat16), (torch_form(name), torch.float32)]:
         # q, k, v, beta in the tested dtype; log decays stay fp32 as the mixers make them
         leaves = [(a.to(dtype) if a.dtype == torch.bfloat16 else a).detach().requires_grad_(True) for a in args]
         o = call(fn, leaves)
@@ -123,9 +148,8 @@ def profile_kernels(name, shape, emit, steps=5):
     """Device time of each kernel in one forward+backward of our kernels, most expensive first."""
     from torch.profiler import ProfilerActivity, profile
 
-    family, _ = mixers.FAMILY[name]
     args = make_inputs(name, *shape)
-    run, _ = fwd_bwd(lambda x: call(ours(family), x), args, torch.randn_like(args[2]))
+    run, _ = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]))
     for _ in range(3):  # compile and warm up outside the profile
         run()
     torch.cuda.synchronize()
@@ -165,7 +189,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixers", default=",".join(mixers.MIXERS), help="comma-separated names from mixers.MIXERS")
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES), help="BxTxHxD,...")
-    ap.add_argument("--fla", action="store_true", help="also time fla (minutes of autotuning per shape)")
+    ap.add_argument("--peers", action="store_true", help="also time fla's and mlstm_kernels' kernels "
+                    "(fla autotunes for minutes per shape)")
     ap.add_argument("--profile", action="store_true", help="time each kernel of ours instead of the table")
     ap.add_argument("--out", default="out/bench.md", help="markdown table, appended row by row")
     a = ap.parse_args()
@@ -203,8 +228,9 @@ def main():
         bad = errs[0] > 0.005 or max(errs[1:4]) > 0.008 or max(errs[4:] + [0]) > 0.02
         emit(f"  {name:17s} o {errs[0]:.1e}  grads " + " ".join(f"{e:.1e}" for e in errs[1:])
              + ("  FAIL" if bad else ""))
-    emit("\n| mixer | B,T,H,D | ours fwd | ours fwd+bwd | ours fwd+bwd, graphed | torch fwd+bwd | fla fwd+bwd | SDPA fwd+bwd "
-         "| torch/ours | ours/fla | SDPA/ours | TFLOP/s (% peak) | GB/s (% copy) |")
+    emit("\n| mixer | B,T,H,D | ours fwd | ours fwd+bwd | ours fwd+bwd, graphed | torch fwd+bwd | peer fwd+bwd | SDPA fwd+bwd "
+         "| torch/ours | ours/peer | SDPA/ours | TFLOP/s (% peak) | GB/s (% copy) |")
+    notes = []
     emit("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         B, T, H, D = shape
@@ -218,32 +244,39 @@ def main():
             do = torch.randn_like(args[2])
             ms = {}
             with torch.no_grad():
-                ms["fwd"] = do_bench(lambda: call(ours(family), args), return_mode="median")
-            for key, fn in [("ours", ours(family)), ("torch", torch_form(family)),
-                            ("fla", fla_form(name) if a.fla else None)]:
-                if fn is None:
-                    continue
-                f = (lambda x, fn=fn: fn(*x)) if key == "fla" else (lambda x, fn=fn: call(fn, x))
-                run, leaves = fwd_bwd(f, args, do)
+                ms["fwd"] = do_bench(lambda: call(ours(name), args), return_mode="median")
+            for key, fn in [("ours", ours(name)), ("torch", torch_form(name))]:
+                run, leaves = fwd_bwd(lambda x, fn=fn: call(fn, x), args, do)
                 try:
                     ms[key] = do_bench(run, grad_to_none=leaves, return_mode="median")
                     if key == "ours":
                         ms["graph"] = do_bench_cudagraph(run, grad_to_none=leaves, return_mode="median")
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
-            if "fla" not in ms and shape == (8, 4096, 16, 64) and name in FLA_RECORDED:
-                ms["fla"] = FLA_RECORDED[name]  # recorded, not rerun
+            if a.peers:
+                label, fn, inputs = peer(name)
+                try:
+                    if fn is None:
+                        raise RuntimeError(inputs)
+                    run, leaves = fwd_bwd(lambda x, fn=fn: fn(*x), list(inputs(args)))
+                    ms["peer"] = do_bench(run, grad_to_none=leaves, return_mode="median")
+                except Exception as e:  # noqa: BLE001 - any refusal of the peer is reported, not fatal
+                    torch.cuda.empty_cache()
+                    notes.append(f"{name} at {B},{T},{H},{D}: no peer time, {label}: "
+                                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
             nbytes = 2 * sum(x.numel() * x.element_size() for x in args) + 2 * do.numel() * do.element_size()
             nbytes += sum(x.numel() * x.element_size() for x in args)  # the gradients
             tf = 3 * flops_fwd(family, *shape) / ms["ours"] / 1e9
             gb = nbytes / ms["ours"] / 1e6
             fmt = lambda k: f"{ms[k]:.3f}" if k in ms else "-"  # noqa: E731
             ratio = lambda x, y: f"{ms[x] / ms[y]:.2f}" if x in ms and y in ms else "-"  # noqa: E731
-            emit(f"| {name} | {B},{T},{H},{D} | {fmt('fwd')} | {fmt('ours')} | {fmt('graph')} | {fmt('torch')} | {fmt('fla')} "
-                 f"| {t_sdpa:.3f} | {ratio('torch', 'ours')} | {ratio('ours', 'fla')} "
+            emit(f"| {name} | {B},{T},{H},{D} | {fmt('fwd')} | {fmt('ours')} | {fmt('graph')} | {fmt('torch')} | {fmt('peer')} "
+                 f"| {t_sdpa:.3f} | {ratio('torch', 'ours')} | {ratio('ours', 'peer')} "
                  f"| {t_sdpa / ms['ours']:.2f} | {tf:.0f} ({100 * tf / tfs:.0f}%) | {gb:.0f} ({100 * gb / gbs:.0f}%) |")
             del args, do
             torch.cuda.empty_cache()
+    for line in [""] + notes if notes else []:
+        emit(line)
 
 
 if __name__ == "__main__":
