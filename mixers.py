@@ -812,7 +812,7 @@ class KDA(DeltaNet):
         H, D = self.n_head, self.head_dim
         # low-rank decay (rank head_dim, as in Kimi Linear): in_proj's "decay" rows, then f_up;
         # A per head, dt per channel. The log decay is Kimi Linear's bounded one, GATE_MIN
-        # sigmoid(A (a + dt_bias)), with dt_bias set so that a new student's decay is Mamba-2's
+        # sigmoid(A (a + dt_bias)), with dt_bias set so that for a = 0 the decay is Mamba-2's
         # exp(-A dt) at its init (A ~ U(0, 16), dt log-uniform in [1e-3, 1e-1]: a per-token decay
         # of about 0.94 at the median channel, 0.2 = exp(-1.6) at the fastest possible)
         self.f_up = nn.Linear(D, H * D, bias=False)
