@@ -788,18 +788,13 @@ def _add_chunk_cumsum(g, BT):
     return gc
 
 
-def _add_bounded(gate, gate_min, q):
-    """Whether the sub-chunk kernels take the diagonal in one dot: per-channel gates with a bound,
-    and not fp16, whose 5-bit exponent does not hold k * exp(G_r - G_j) up to e^80."""
-    return int(gate == 3 and gate_min is not None and q.dtype != torch.float16)
-
-
 @_op("add_chunk_fwd")
 def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
-                   h0: Optional[torch.Tensor], scale: float, BT: int, gate_min: Optional[float] = None
+                   h0: Optional[torch.Tensor], scale: float, BT: int, bounded: bool
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """States + outputs: (o, final state fp32, gc), gc the per-channel gates' chunk cumsums
-    (kept for the backward) or absent. gate_min: None or a lower bound of g (see SPAN_MAX)."""
+    (kept for the backward) or absent. bounded: per-channel gates take the bounded path, every
+    g >= a gate_min that chunk_decay_additive checked."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     gate = _add_gate_kind(g, q)
@@ -814,7 +809,7 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
         BK, BV = _pow2(K), min(_pow2(V), _ADD_BV)
         _add_fwd_out_channel_kernel[(triton.cdiv(V, BV), NT * (BT // _ADD_BC), B * H)](
             q, k, v, gk, hs, o, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
-            BK=BK, BV=BV, BOUNDED=_add_bounded(gate, gate_min, q), DOT=_dot_precision(q),
+            BK=BK, BV=BV, BOUNDED=bounded, DOT=_dot_precision(q),
             num_warps=_ADD_CHANNEL_WARPS)
     else:
         BK, BV = _add_blocks(K, V)
@@ -825,7 +820,7 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
 
 
 @_add_chunk_fwd.register_fake
-def _(q, k, v, g, h0, scale, BT, gate_min=None):
+def _(q, k, v, g, h0, scale, BT, bounded):
     B, T, H, K = q.shape
     per_channel = g is not None and g.dim() == 4
     gc = q.new_empty(B, triton.cdiv(T, BT) * BT, H, K, dtype=torch.float32) if per_channel else _absent(q)
@@ -835,7 +830,7 @@ def _(q, k, v, g, h0, scale, BT, gate_min=None):
 @_op("add_chunk_bwd")
 def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor], gc: torch.Tensor,
-                   scale: float, BT: int, gate_min: Optional[float] = None
+                   scale: float, BT: int, bounded: bool
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dh0) from the output's and the final state's gradients (dht None: none);
     dg absent without a gate, dh0 without an initial state. Recomputes the chunk states."""
@@ -862,7 +857,6 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if gate == 3:
         BKc, BVc = _pow2(K), min(_pow2(V), _ADD_BV)
-        bounded = _add_bounded(gate, gate_min, q)
         _add_bwd_dv_channel_kernel[(triton.cdiv(V, BVc), NT * (BT // _ADD_BC), B * H)](
             q, k, gk, do, dhs, dv, scale, T, NT * BT, NT, H=H, K=K, V=V, BT=BT, BC=_ADD_BC,
             BK=BKc, BV=BVc, BOUNDED=bounded, DOT=_dot_precision(q), num_warps=_ADD_CHANNEL_WARPS)
@@ -892,7 +886,7 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
 
 
 @_add_chunk_bwd.register_fake
-def _(do, dht, q, k, v, g, h0, gc, scale, BT, gate_min=None):
+def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded):
     B, T, H, K = q.shape
     dg = _absent(q) if g is None else g.new_empty(g.shape)
     dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
@@ -900,15 +894,15 @@ def _(do, dht, q, k, v, g, h0, gc, scale, BT, gate_min=None):
 
 
 def _add_chunk_setup(ctx, inputs, output):
-    q, k, v, g, h0, scale, BT, gate_min = inputs
+    q, k, v, g, h0, scale, BT, bounded = inputs
     ctx.mark_non_differentiable(output[2])
     ctx.save_for_backward(q, k, v, g, h0, output[2])
-    ctx.scale, ctx.BT, ctx.gate_min = scale, BT, gate_min
+    ctx.scale, ctx.BT, ctx.bounded = scale, BT, bounded
 
 
 def _add_chunk_backward(ctx, do, dht, _):
     q, k, v, g, h0, gc = ctx.saved_tensors
-    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.gate_min)
+    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.bounded)
     return dq, dk, dv, None if g is None else dg, None if h0 is None else dh0, None, None, None
 
 
@@ -928,7 +922,7 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     ignore it.
     """
     _check_qkv(q, k, v)
-    _check_gate_min(gate_min)
+    bounded = _check_gate_min(gate_min)
     assert chunk_size >= 16 and chunk_size & (chunk_size - 1) == 0, "chunk_size: a power of two >= 16"
     gate = _add_gate_kind(g, q)
     if gate == 3:
@@ -940,8 +934,9 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
     v = v.contiguous()
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
-    gate_min = None if gate_min is None else float(gate_min)
-    o, ht, _ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size, gate_min)
+    # fp16 keeps the exact path: its 5-bit exponent does not hold k * exp(G_r - G_j) up to e^80
+    bounded = bounded and gate == 3 and q.dtype != torch.float16
+    o, ht, _ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size, bounded)
     return o, ht
 
 

@@ -537,9 +537,14 @@ class FeatureMap(nn.Module):
         return F.linear(x, self.w1, self.b1) * F.linear(x, self.w2, self.b2)
 
 
+def _dt(n):
+    """Mamba-2's step init: dt log-uniform in [1e-3, 1e-1]."""
+    return torch.exp(torch.empty(n).uniform_(math.log(1e-3), math.log(1e-1)))
+
+
 def _dt_bias(n):
-    """Mamba-2's step init: dt log-uniform in [1e-3, 1e-1], stored as softplus^-1(dt)."""
-    dt = torch.exp(torch.empty(n).uniform_(math.log(1e-3), math.log(1e-1)))
+    """Mamba-2's step init, stored as softplus^-1(dt)."""
+    dt = _dt(n)
     return nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
 
 
@@ -553,8 +558,7 @@ def _dt_bias_bounded(A_log, width):
     is Mamba-2's -A dt at its init (dt log-uniform in [1e-3, 1e-1]): GATE_MIN sigmoid(A b) = -A dt
     for b = logit(A dt / -GATE_MIN) / A, A dt <= 1.6 < 5."""
     A = A_log.detach().exp().repeat_interleave(width)
-    dt = torch.exp(torch.empty_like(A).uniform_(math.log(1e-3), math.log(1e-1)))
-    return nn.Parameter(torch.logit(A * dt / -GATE_MIN) / A)
+    return nn.Parameter(torch.logit(A * _dt(A.numel()) / -GATE_MIN) / A)
 
 
 ROW_ALIGN = 16  # channels: Triton's JIT proves 16-byte rows when a row stride divides by 16

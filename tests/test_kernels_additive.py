@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 import kernels  # noqa: E402
 import mixers  # noqa: E402
-from gradients import run_and_grad  # noqa: E402
+from gradients import bounded_gates, run_and_grad  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where every claim runs
 CUDA = DEV == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"  # compiled kernels
@@ -40,13 +40,6 @@ def make_inputs(gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
     g = None if shape is None else torch.nn.functional.logsigmoid(rnd(*shape) + 2.0)
     h0 = rnd(B, H, K, V)
     return [x.to(dtype) for x in (q, k, v)], g, h0
-
-
-def bounded_gates(shape, gate_min, device=DEV, seed=3):
-    """Per-channel log decays in [gate_min, 0], a third of them exactly gate_min (the bound)."""
-    gen = torch.Generator(device).manual_seed(seed)
-    g = gate_min * torch.rand(*shape, generator=gen, device=device)
-    return torch.where(torch.rand(*shape, generator=gen, device=device) < 1 / 3, gate_min, g)
 
 
 def rel(out, ref):
@@ -143,7 +136,7 @@ def test_bounded_gates_are_causal_bit_for_bit():
     # t0 (its middle row, 24) would move by nats and change the rounding of rows <= t0
     B, T, H, K, V, t0 = 1, 48, 2, 20, 17, 21
     (q, k, v), g, h0 = make_inputs("channel", B, T, H, K, V)
-    g = bounded_gates(g.shape, -5.0)
+    g = bounded_gates(g.shape, -5.0, DEV)
     do = torch.randn(B, T, H, V, device=DEV)
     do[:, t0 + 1:] = 0  # the loss sees the outputs up to t0 only
     (q2, k2, v2), _, _ = make_inputs("channel", B, T, H, K, V, seed=1)

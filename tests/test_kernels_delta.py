@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 import kernels  # noqa: E402
 import mixers  # noqa: E402
-from gradients import run_and_grad  # noqa: E402
+from gradients import bounded_gates, run_and_grad  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where every claim runs
 CUDA = DEV == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"  # compiled kernels
@@ -35,9 +35,8 @@ def make_inputs(gate, B, T, H, K, V, device=DEV, dtype=torch.float32, seed=0):
     beta = torch.sigmoid(rnd(B, T, H))
     shape = {"none": None, "head": (B, T, H), "channel": (B, T, H, K), "bounded": (B, T, H, K)}[gate]
     g = None if shape is None else torch.nn.functional.logsigmoid(rnd(*shape) + 2.0)
-    if gate == "bounded":  # KDA's range, (GATE_MIN, 0), a third of the gates at the floor itself
-        g = (mixers.GATE_MIN * torch.rand(shape, generator=gen, device=device) ** 0.5).clamp(max=-1e-3)
-        g = torch.where(torch.rand(shape, generator=gen, device=device) < 1 / 3, mixers.GATE_MIN, g)
+    if gate == "bounded":  # KDA's range, [GATE_MIN, 0], a third of the gates at the floor itself
+        g = bounded_gates(shape, mixers.GATE_MIN, device, seed + 3)
     h0 = rnd(B, H, K, V)
     return [x.to(dtype) for x in (q, k, v)], beta.to(dtype), g, h0
 

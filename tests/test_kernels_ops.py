@@ -201,19 +201,19 @@ def op_args(name):
     gh, gk = logdecay(gen, B, T, H), logdecay(gen, B, T, H, K)
     do, dht = rnd(gen, B, T, H, V, grad=False), rnd(gen, B, H, K, V, grad=False)
     if name == "add_chunk_fwd-channel":
-        return ops.add_chunk_fwd.default, (q, k, v, gk, h0, 0.3, 16)
+        return ops.add_chunk_fwd.default, (q, k, v, gk, h0, 0.3, 16, False)
     if name == "add_chunk_fwd-channel-bounded":  # the kernels' bounded path (logsigmoid gates are > -5)
-        return ops.add_chunk_fwd.default, (q, k, v, gk, h0, 0.3, 16, -5.0)
+        return ops.add_chunk_fwd.default, (q, k, v, gk, h0, 0.3, 16, True)
     if name == "add_chunk_fwd-none":
-        return ops.add_chunk_fwd.default, (q, k, v, None, None, 0.3, 16)
+        return ops.add_chunk_fwd.default, (q, k, v, None, None, 0.3, 16, False)
     if name == "add_chunk_fwd-const":
-        return ops.add_chunk_fwd.default, (q, k, v, logdecay(gen, H), h0, 0.3, 32)
+        return ops.add_chunk_fwd.default, (q, k, v, logdecay(gen, H), h0, 0.3, 32, False)
     # the backward operators, as autograd runs them (inputs that do not require grad: they have
     # no derivative of their own)
     if name == "add_chunk_bwd-head":
         q, k, v, gh, h0 = (x.detach() for x in (q, k, v, gh, h0))
-        _, _, gc = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16)
-        return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16)
+        _, _, gc = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16, False)
+        return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16, False)
     if name == "delta_rule_fwd-channel":
         return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3, True)
     if name == "delta_rule_fwd-none":
