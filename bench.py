@@ -7,8 +7,9 @@ Correctness comes first: every kernel is checked against the chunked PyTorch for
 (outputs and every gradient) before anything is timed. Times are medians of
 triton.testing.do_bench in bf16; rows are appended to --out as they finish. do_bench times a
 call as Python makes it, so a short kernel's column can be bound by the host (the custom-operator
-dispatch and the launches); the "graphed" column replays our forward and backward from a CUDA
-graph (triton.testing.do_bench_cudagraph), which leaves the device time alone.
+dispatch and the launches); the "graphed" columns replay the same forward and backward, ours, the
+peer's and FlashAttention's, from a CUDA graph (triton.testing.do_bench_cudagraph), which leaves
+the device time alone. The kernels are compared on those; the eager ratio shows the host's share.
 
     python bench.py                                  # all mixers, the three shapes below
     python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --peers
@@ -228,15 +229,17 @@ def main():
         bad = errs[0] > 0.005 or max(errs[1:4]) > 0.008 or max(errs[4:] + [0]) > 0.02
         emit(f"  {name:17s} o {errs[0]:.1e}  grads " + " ".join(f"{e:.1e}" for e in errs[1:])
              + ("  FAIL" if bad else ""))
-    emit("\n| mixer | B,T,H,D | ours fwd | ours fwd+bwd | ours fwd+bwd, graphed | torch fwd+bwd | peer fwd+bwd | SDPA fwd+bwd "
-         "| torch/ours | ours/peer | SDPA/ours | TFLOP/s (% peak) | GB/s (% copy) |")
+    cols = ["mixer", "B,T,H,D", "ours fwd", "ours fwd+bwd", "peer fwd+bwd", "ours/peer", "ours graphed", "peer graphed",
+            "ours/peer graphed", "SDPA graphed", "SDPA/ours graphed", "torch fwd+bwd", "torch/ours",
+            "TFLOP/s graphed (% peak)", "GB/s graphed (% copy)"]
+    emit("\n| " + " | ".join(cols) + " |")
+    emit("|" + "---|" * len(cols))
     notes = []
-    emit("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in shapes:
         B, T, H, D = shape
         qkv = [torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
         run, leaves = fwd_bwd(lambda x: sdpa(*x), qkv, torch.randn_like(qkv[0]))
-        t_sdpa = do_bench(run, grad_to_none=leaves, return_mode="median")
+        t_sdpa = do_bench_cudagraph(run, grad_to_none=leaves, return_mode="median")
         del qkv, leaves, run
         for name in names:
             family, _ = mixers.FAMILY[name]
@@ -259,20 +262,24 @@ def main():
                     if fn is None:
                         raise RuntimeError(inputs)
                     run, leaves = fwd_bwd(lambda x, fn=fn: fn(*x), list(inputs(args)))
-                    ms["peer"] = do_bench(run, grad_to_none=leaves, return_mode="median")
+                    ms["peer"] = do_bench(run, grad_to_none=leaves, return_mode="median")  # autotunes first
+                    ms["peer graph"] = do_bench_cudagraph(run, grad_to_none=leaves, return_mode="median")
                 except Exception as e:  # noqa: BLE001 - any refusal of the peer is reported, not fatal
                     torch.cuda.empty_cache()
-                    notes.append(f"{name} at {B},{T},{H},{D}: no peer time, {label}: "
-                                 f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
+                    what = "no graphed peer time" if "peer" in ms else "no peer time"
+                    notes.append(f"{name} at {B},{T},{H},{D}: {what}, {label}: {type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
             nbytes = 2 * sum(x.numel() * x.element_size() for x in args) + 2 * do.numel() * do.element_size()
             nbytes += sum(x.numel() * x.element_size() for x in args)  # the gradients
-            tf = 3 * flops_fwd(family, *shape) / ms["ours"] / 1e9
-            gb = nbytes / ms["ours"] / 1e6
+            dev = ms.get("graph", ms.get("ours"))  # device time where the graph ran
+            tf = 3 * flops_fwd(family, *shape) / dev / 1e9
+            gb = nbytes / dev / 1e6
             fmt = lambda k: f"{ms[k]:.3f}" if k in ms else "-"  # noqa: E731
             ratio = lambda x, y: f"{ms[x] / ms[y]:.2f}" if x in ms and y in ms else "-"  # noqa: E731
-            emit(f"| {name} | {B},{T},{H},{D} | {fmt('fwd')} | {fmt('ours')} | {fmt('graph')} | {fmt('torch')} | {fmt('peer')} "
-                 f"| {t_sdpa:.3f} | {ratio('torch', 'ours')} | {ratio('ours', 'peer')} "
-                 f"| {t_sdpa / ms['ours']:.2f} | {tf:.0f} ({100 * tf / tfs:.0f}%) | {gb:.0f} ({100 * gb / gbs:.0f}%) |")
+            emit(f"| {name} | {B},{T},{H},{D} | {fmt('fwd')} | {fmt('ours')} | {fmt('peer')} | {ratio('ours', 'peer')} "
+                 f"| {fmt('graph')} | {fmt('peer graph')} | {ratio('graph', 'peer graph')} | {t_sdpa:.3f} "
+                 f"| {t_sdpa / dev:.2f} | {fmt('torch')} | {ratio('torch', 'ours')} "
+                 f"| {tf:.0f} ({100 * tf / tfs:.0f}%) | {gb:.0f} ({100 * gb / gbs:.0f}%) |")
             del args, do
             torch.cuda.empty_cache()
     for line in [""] + notes if notes else []:
