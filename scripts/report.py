@@ -77,8 +77,9 @@ def measures(run):
 
 
 def pct(v):
-    """A score or a recovery [value, low, high] in percent; '-' where the task was not run."""
-    return "-" if v is None else f"{100 * v[0]:.1f}"
+    """A score or a recovery [value, low, high] in percent; '-' where the task was not run, or
+    where a recovery has no value (the teacher scored 0 on it)."""
+    return "-" if v is None or v[0] != v[0] else f"{100 * v[0]:.1f}"
 
 
 def table(runs, after):

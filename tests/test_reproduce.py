@@ -159,6 +159,12 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
         assert os.path.getsize(tmp_path / png) > 10_000
 
 
+def test_a_recovery_without_a_value_reads_as_a_dash():
+    # evaluate.py's recovery is nan where the teacher scored 0 (few questions)
+    assert report.pct([float("nan"), 0.0, 1.0]) == "-" and report.pct(None) == "-"
+    assert report.pct([0.5, 0.4, 0.6]) == "50.0"
+
+
 def fake(recovery, passkey):
     """A run as reproduce.py writes it, with just the numbers the findings read."""
     m = {"eval": {"summary": {"recovery": {"avg": [recovery, recovery - 0.02, recovery + 0.02]}}},
