@@ -447,7 +447,8 @@ def rms_norm_gate(x, weight, z=None, act=None, eps=1e-5):
 
 def softplus_decay(a, A_log, dt_bias):
     """Mamba-2's log decay -exp(A_log) * softplus(a + dt_bias) <= 0, fp32: a [B, T, H] with A_log
-    and dt_bias [H] (Gated DeltaNet), or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (KDA)."""
+    and dt_bias [H] (Gated DeltaNet), or a [B, T, H, K] with A_log [H] and dt_bias [H * K] (one per
+    channel; KDA's is sigmoid_decay)."""
     A = A_log.exp().view(-1, *[1] * (a.dim() - 3))  # per head, over a's channels
     return -A * F.softplus(a + dt_bias.view(a.shape[2:]))
 

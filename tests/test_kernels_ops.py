@@ -215,6 +215,8 @@ def op_args(name):
         _, _, gc = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16, False)
         return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16, False)
     if name == "delta_rule_fwd-channel":
+        return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3, False)
+    if name == "delta_rule_fwd-channel-bounded":  # the kernels' bounded path (logsigmoid gates are > -5)
         return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3, True)
     if name == "delta_rule_fwd-none":
         return ops.delta_rule_fwd.default, (q, kn, v, beta, None, None, 0.3, False)
@@ -240,7 +242,7 @@ def op_args(name):
 
 
 OPCHECKS = ["add_chunk_fwd-channel", "add_chunk_fwd-channel-bounded", "add_chunk_fwd-none", "add_chunk_fwd-const", "add_chunk_bwd-head",
-            "delta_rule_fwd-channel", "delta_rule_fwd-none", "delta_rule_bwd-head", "recurrent_step_delta_rule",
+            "delta_rule_fwd-channel", "delta_rule_fwd-channel-bounded", "delta_rule_fwd-none", "delta_rule_bwd-head", "recurrent_step_delta_rule",
             "short_conv_fwd", "norm_fwd", "log_decay_fwd-softplus", "log_decay_fwd-sigmoid", "distill_loss"]
 
 
