@@ -51,18 +51,27 @@ def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dty
     (q, k, v), g, h0 = make_inputs(gate, B, T, H, K, V, device, dtype)
     g = g if gate_min is None else bounded_gates(g.shape, gate_min, device)
     h0 = h0 if with_state else None
-    do = torch.randn(B, T, H, V, device=device)
-    dht = torch.randn(B, H, K, V, device=device) if with_state else None
+    gen = torch.Generator(device).manual_seed(1)
+    do = torch.randn(B, T, H, V, generator=gen, device=device)
+    dht = torch.randn(B, H, K, V, generator=gen, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
     o, ht, grads = run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
                                 scale=scale, chunk_size=chunk, gate_min=gate_min)
-    ro, rht, rgrads = run_and_grad(recurrence, q, k, v, g, h0, do=do, dht=dht, scale=scale)
+    # a constant decay's dg is one sum over every position of terms of both signs: the reference
+    # runs with the gate repeated at each position, so that dg's error can be set against the
+    # mass of those terms (against the sum itself it swings with their cancellation: 1.3e-3 to
+    # 4.4e-2 for bf16 draws on an H200, where against the mass it stays under 1.3e-3)
+    g_ref = g.expand(B, T, H) if gate == "head_const" else g
+    ro, rht, rgrads = run_and_grad(recurrence, q, k, v, g_ref, h0, do=do, dht=dht, scale=scale)
     assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
     names = ["dq", "dk", "dv"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
     errs = {"o": rel(o, ro), "ht": rel(ht, rht)}
     errs.update({n: rel(a, b) for n, a, b in zip(names, grads, rgrads)})
+    if gate == "head_const":
+        terms = rgrads[3]  # [B, T, H]
+        errs["dg"] = ((grads[3].double() - terms.sum((0, 1))).abs() / terms.abs().sum((0, 1))).max().item()
     for name, err in errs.items():
-        limit = tol.get(f"{name}_{gate}", tol.get(name, tol["grad"]))
+        limit = tol.get(name, tol["grad"])
         assert err < limit, f"{gate}: {name} relative error {err:.2e} >= {limit} ({errs})"
     for x in [o, ht] + grads:
         assert torch.isfinite(x).all()
@@ -71,9 +80,8 @@ def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dty
 # fp32 in the interpreter is exact up to rounding. Compiled, tl.dot takes fp32 operands as tf32
 # (10-bit mantissa), which these kernels keep (fp32 training is not their use)
 FP32_TOL = {"o": 1e-5, "ht": 1e-5, "grad": 1e-5, "dg": 1e-5}
-if CUDA:  # seen on an H200: 5e-4 to 1.8e-3; a per-head constant decay's dg is one sum over
-    # every position, whose terms of both signs cancel, so its tf32 error is larger (2.7e-2 seen)
-    FP32_TOL = {"o": 3e-3, "ht": 3e-3, "grad": 3e-3, "dg": 3e-3, "dg_head_const": 6e-2}
+if CUDA:  # seen on an H200: 5e-4 to 1.8e-3
+    FP32_TOL = {"o": 3e-3, "ht": 3e-3, "grad": 3e-3, "dg": 3e-3}
 
 
 @pytest.mark.parametrize("gate,T,K,chunk,with_state", [
