@@ -86,7 +86,8 @@ class Settings:
     log_interval: int = 1  # steps between log lines (each one waits for the GPU)
     # --- system ---
     device: str = "cpu"  # torchrun picks cuda:<local rank> itself
-    dtype: str = "bfloat16"  # autocast dtype, "bfloat16" or "float32" (= no autocast); weights stay fp32
+    dtype: str = "float32"  # autocast dtype, "bfloat16" or "float32" (= no autocast); weights stay fp32.
+    # fp32 on a CPU: without native bf16 (AVX2 alone) a bf16 product there runs some 40 times slower
     backend: str = ""  # the mixers' form: "naive", "torch" or "triton"; "" = triton on CUDA, torch otherwise
     compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
     profile: int = 0  # > 0: profile this many steps after 3 warm-up steps, write <ckpt>_profile.txt/.json, stop
@@ -97,6 +98,7 @@ class Settings:
 # The defaults above are sized for 2 CPU cores. On a GPU these replace them, sized for one H200:
 GPU_DEFAULTS = dict(
     block_size=512, batch_size=64, grad_accum=1,  # 64 * 512 = 32k tokens per step and GPU
+    dtype="bfloat16",
     compile=True,  # the student with its loss, and the teacher's forward, through torch.compile
     max_iters=0,  # the stage's token budget
     eval_interval=250, eval_iters=20, log_interval=10,
