@@ -162,7 +162,17 @@ def test_compiled_equals_eager(inductor, name, op, fn, make):
     assert grads or not any(torch.is_tensor(a) and a.requires_grad for a in args)
     for i, (c, e) in enumerate(zip(cout + cgrads, out + grads)):
         assert c.dtype == e.dtype and c.shape == e.shape, (i, c.dtype, e.dtype, c.shape, e.shape)
-        assert torch.equal(c, e), f"{name}: result {i} differs by {(c.double() - e.double()).abs().max().item():.3g}"
+        if SUMMED_OUTSIDE.get(name) == i:
+            torch.testing.assert_close(c, e, rtol=1e-6, atol=0)
+        else:
+            assert torch.equal(c, e), f"{name}: result {i} differs by {(c.double() - e.double()).abs().max().item():.3g}"
+
+
+# results that are not the operators' own but a PyTorch reduction of them, which eager PyTorch and
+# Inductor may sum in different orders (seen on an AVX2 CPU: 3.1e-5 on a gradient of 314): the
+# delta rule's constant gate comes in expanded to every position, so its gradient (result 6:
+# o, ht, then dq, dk, dv, dbeta, dg) is the sum of the operator's per-position ones
+SUMMED_OUTSIDE = {"chunk_delta_rule-const": 6}
 
 
 @pytest.mark.parametrize("family", ["additive", "delta"])

@@ -3,8 +3,8 @@
 Claims: every stage lowers its loss; each stage starts from the previous stage's checkpoint;
 stage 1 moves only the mixers and their input norms, stage 2 only blocks; the KL is a mean
 per token; the manual teacher pass is the teacher's forward; a killed and resumed run gives
-bitwise the same losses and weights; --compile computes the same losses; bad settings stop
-with a readable message.
+bitwise the same losses and weights; --compile computes the same losses; autocast in bf16 on a
+GPU only; bad settings stop with a readable message.
 """
 
 import math
@@ -306,6 +306,15 @@ def test_bad_settings_stop_with_a_readable_message(setup, tmp_path, bad, says):
     assert isinstance(msg, str) and msg.startswith("train.py: ")
     for part in says:
         assert part.replace("NOWHERE", str(tmp_path / "nowhere")) in msg, msg
+
+
+def test_bf16_autocast_on_a_gpu_and_fp32_on_a_cpu(tmp_path, monkeypatch):
+    # on a CPU without native bf16 (AVX2 alone) a bf16 product runs some 40 times slower than fp32
+    rest = [f"--out_dir={tmp_path}", "--resume=false"]
+    for gpu, device, want in [(False, [], "float32"), (True, [], "bfloat16"), (True, ["--device=cpu"], "float32")]:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
+        assert train.settings(rest + device)[0].dtype == want, (gpu, device)
+    assert train.settings(rest + ["--dtype=float32"])[0].dtype == "float32"  # a GPU run, told so
 
 
 def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeypatch):
