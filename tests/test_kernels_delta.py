@@ -54,8 +54,9 @@ def reference(q, k, v, beta, g, h0, scale=None):
 def check_against_recurrence(gate, B, T, H, K, V, with_state, device, dtype, tol):
     (q, k, v), beta, g, h0 = make_inputs(gate, B, T, H, K, V, device, dtype)
     h0 = h0 if with_state else None
-    do = torch.randn(B, T, H, V, device=device)
-    dht = torch.randn(B, H, K, V, device=device) if with_state else None
+    gen = torch.Generator(device).manual_seed(1)
+    do = torch.randn(B, T, H, V, generator=gen, device=device)
+    dht = torch.randn(B, H, K, V, generator=gen, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
     bound = {"gate_min": mixers.GATE_MIN} if gate == "bounded" else {}
     o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale, **bound)
