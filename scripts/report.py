@@ -122,7 +122,7 @@ def findings(runs):
     known = [p for p in pairs if p[2] and p[3]]
     text = "; ".join(f"{NAMES[g]} {100 * b[0]:.1f}% [{100 * b[1]:.1f}, {100 * b[2]:.1f}] vs {NAMES[u]} "
                      f"{100 * a[0]:.1f}% [{100 * a[1]:.1f}, {100 * a[2]:.1f}]" for u, g, a, b in known)
-    if len(known) < len(pairs):
+    if not known:
         verdict = "not measured"
     elif all(b[1] > a[2] for _, _, a, b in known):  # every gated interval above its twin's
         verdict = "holds"
@@ -130,6 +130,8 @@ def findings(runs):
         verdict = "does not hold"
     else:
         verdict = "not settled at this budget (the 95% intervals overlap)"
+    if known and len(known) < len(pairs):
+        verdict += f" for the {len(known)} of {len(pairs)} pairs measured"
     out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}".rstrip())
 
     def passkey(name, after="after_sft"):
@@ -137,16 +139,16 @@ def findings(runs):
         return run[after]["niah"].get("s_niah_1") if run and after in run else None
 
     seven = [n for n in ORDER[:7] if passkey(n)]
+    mean = {n: sum(passkey(n).values()) / len(passkey(n)) for n in seven}
+    ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" for n in sorted(mean, key=mean.get, reverse=True))
     if len(seven) < 7:
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): not measured "
-                   f"({len(seven)} of the seven mixers measured).")
+                   f"({len(seven)} of the seven mixers measured). {ranks}".rstrip())
     else:
-        mean = {n: sum(passkey(n).values()) / len(passkey(n)) for n in seven}
         top = max(mean.values())
         best = [n for n in seven if mean[n] == top]
         verdict = "does not hold" if "gated_deltanet" not in best else "holds" if len(best) == 1 else \
             "tied: " + " and ".join(NAMES[n] for n in best) + " share the best"
-        ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" for n in sorted(mean, key=mean.get, reverse=True))
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
                    f"{verdict}. {ranks}")
     for n in ("linear_attention", "retnet"):

@@ -190,7 +190,11 @@ def test_findings_are_judged_from_the_numbers():
     lines = report.findings(runs).splitlines()
     assert ": does not hold." in lines[1] and ": does not hold." in lines[3]
     del runs["kda"]
-    assert "not measured (6 of the seven mixers measured)" in report.findings(runs).splitlines()[1]
+    assert "not measured (6 of the seven mixers measured). DeltaNet 100%, Gated DeltaNet 62%" in report.findings(runs).splitlines()[1]
+    del runs["gla"]  # one pair of two left: judged alone, and said so
+    assert ": does not hold for the 1 of 2 pairs measured." in report.findings(runs).splitlines()[0]
+    del runs["deltanet"]
+    assert ": not measured." in report.findings(runs).splitlines()[0]
 
 
 def test_the_report_skips_files_that_are_not_runs(tiny, tmp_path, capsys):
