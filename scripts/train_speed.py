@@ -5,15 +5,17 @@ it, on random weights of SmolLM2-135M and random tokens (speed depends on neithe
     python scripts/train_speed.py                                # stages 1, 2, 3, lm at 512 and 2048
     python scripts/train_speed.py --lengths=512 --stages=3,lm --extra="--compile=false"
     python scripts/train_speed.py --mixer=kda --out=speed.md
-    python scripts/train_speed.py --gpus=2 --stages=3            # torchrun: the same batch per GPU
+    python scripts/train_speed.py --gpus=1,2,4,8 --stages=3 --lengths=512   # DDP scaling through torchrun
 
 Each row is one `python train.py` run of --steps optimizer steps at train.py's GPU defaults
 (micro-batch, accumulation, compile, ...), with the micro-batch's tokens kept as the length
 changes (64 x 512 = 16 x 2048). Its speed is the log line of its last steps (the first steps
 compile and warm up), its peak memory the most allocated in the whole run, evals included.
 `lm` is the teacher's own training step (--mixer=attention --stage=lm), the yardstick of the
-stage-3 step. Rows print as they finish; --out also appends them to a file, and every run's
-log stays under --work.
+stage-3 step. With more than one GPU a run goes through torchrun (DistributedDataParallel) with
+the same micro-batch on every GPU; given several counts, each stage and length is measured at
+each, and its efficiency is the tokens/s of n GPUs over n times one GPU's. Rows print as they
+finish; --out also appends them to a file, and every run's log stays under --work.
 """
 
 import argparse
@@ -26,6 +28,8 @@ import time
 
 import numpy as np
 
+from reproduce import NO_MULTICAST  # NVLink multicast off for every process torchrun starts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -33,6 +37,7 @@ sys.path.insert(0, ROOT)
 TARGETS = {"1": 300_000, "2": 300_000, "3": 250_000, "lm": 350_000}
 MAX_GIB = 40
 RATIO = 1.5  # the stage-3 step's time per token at most this times the teacher's own (lm)
+SCALING = 0.9  # n GPUs give at least this share of n times one GPU's tokens/s
 
 
 def setup(work, mixer):
@@ -58,12 +63,13 @@ def setup(work, mixer):
     return teacher_pt, student_pt, data
 
 
-def run(args, stage, length, batch, paths):
-    """One train.py run; returns its log line numbers: tok/s, MFU, ms a step, peak GiB, seconds."""
+def run(args, stage, length, batch, gpus, paths):
+    """One train.py run on `gpus` GPUs; returns its log line numbers: tok/s (all GPUs together),
+    MFU, ms a step, peak GiB, seconds."""
     teacher_pt, student_pt, data = paths
-    name = f"stage{stage}_{length}"
-    launcher = [sys.executable] if args.gpus == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
+    name = f"stage{stage}_{length}" + (f"_{gpus}gpu" if gpus > 1 else "")
+    launcher = [sys.executable] if gpus == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
     cmd = launcher + [os.path.join(ROOT, "train.py"), f"--stage={stage}",
            f"--mixer={'attention' if stage == 'lm' else args.mixer}", f"--teacher={teacher_pt}",
            f"--data_dir={data}", f"--out_dir={os.path.join(args.work, 'out', name)}", f"--block_size={length}",
@@ -73,7 +79,8 @@ def run(args, stage, length, batch, paths):
         cmd.append(f"--init_from={student_pt}")
     cmd += args.extra.split()
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    env = {**os.environ, **NO_MULTICAST} if gpus > 1 else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     log = proc.stdout + proc.stderr
     with open(os.path.join(args.work, name + ".log"), "w") as f:
         f.write(" ".join(cmd) + "\n" + log)
@@ -95,20 +102,25 @@ def main():
     ap.add_argument("--stages", default="1,2,3,lm")
     ap.add_argument("--lengths", default="512,2048")
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps a run (the last third is timed)")
-    ap.add_argument("--gpus", type=int, default=1, help="GPUs a run, through torchrun (tokens/s: all together)")
+    ap.add_argument("--gpus", default="1", help="GPUs a run, or several counts (1,2,4,8): more than one runs "
+                                                 "through torchrun, tokens/s of all together")
     ap.add_argument("--extra", default="", help="train.py settings added to every run, e.g. '--compile=false'")
     ap.add_argument("--work", default="", help="teacher, student, data and logs (default: a new temporary folder)")
     ap.add_argument("--out", default="", help="also append the table to this file")
     args = ap.parse_args()
-    if min(args.steps, args.gpus) < 1:
-        ap.error(f"--steps={args.steps} and --gpus={args.gpus}: expected integers >= 1")
+    try:
+        counts = [int(n) for n in args.gpus.split(",")]
+    except ValueError:
+        counts = [0]
+    if min(counts + [args.steps]) < 1:
+        ap.error(f"--steps={args.steps} and --gpus={args.gpus}: expected integers >= 1 (--gpus: one or a list, 1,2,4,8)")
     import torch
 
     import model as M
     import train
 
-    if torch.cuda.device_count() < max(1, args.gpus):
-        sys.exit(f"train_speed.py: needs {max(1, args.gpus)} CUDA GPU(s), found {torch.cuda.device_count()} "
+    if torch.cuda.device_count() < max(counts):
+        sys.exit(f"train_speed.py: needs {max(counts)} CUDA GPU(s), found {torch.cuda.device_count()} "
                  f"(train.py's GPU defaults are what it measures)")
     if args.mixer not in M.MIXERS[1:]:
         sys.exit(f"train_speed.py: --mixer={args.mixer!r}: expected one of {', '.join(M.MIXERS[1:])}")
@@ -133,29 +145,37 @@ def main():
     settings = " ".join(f"--{k}={v}" for k, v in d.items() if k not in ("max_iters", "eval_interval", "eval_iters",
                                                                          "log_interval", "device", "peak_tflops"))
     emit(f"## train.py speed, {args.mixer} student of SmolLM2-135M (random weights): "
-         f"{args.gpus} x {torch.cuda.get_device_name()}, "
+         f"{'/'.join(map(str, counts))} x {torch.cuda.get_device_name()}, "
          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n\nGPU defaults: {settings}; "
          f"{args.steps} steps a run{'; ' + args.extra if args.extra else ''}\n")
-    emit("| stage | length x micro-batch | tokens/s | target | MFU | step | peak memory | run |")
-    emit("|---|---|---|---|---|---|---|---|")
-    per_token = {}
+    emit("| stage | length x micro-batch | GPUs | tokens/s | target | MFU | step | peak memory | run |")
+    emit("|---|---|---|---|---|---|---|---|---|")
+    speed = {}  # (stage, length, gpus) -> tokens/s
     for length in lengths:
         for stage in stages:
             batch = max(1, micro // length)
-            try:
-                tok_s, mfu, ms, gib, secs = run(args, stage, length, batch, paths)
-            except RuntimeError as e:
-                emit(f"| {stage} | {length} x {batch} | failed: {e} | | | | | |")
-                continue
-            per_token[stage, length] = 1 / tok_s
-            ok = "" if length != 512 else " (met)" if tok_s >= TARGETS[stage] else " (not met)"
-            emit(f"| {stage} | {length} x {batch} | {tok_s:,.0f} | {TARGETS[stage]:,}{ok} | {mfu} | {ms:.0f} ms | "
-                 f"{gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | {secs:.0f} s |")
+            for gpus in counts:
+                try:
+                    tok_s, mfu, ms, gib, secs = run(args, stage, length, batch, gpus, paths)
+                except RuntimeError as e:
+                    emit(f"| {stage} | {length} x {batch} | {gpus} | failed: {e} | | | | | |")
+                    continue
+                speed[stage, length, gpus] = tok_s
+                target = TARGETS[stage] * gpus
+                ok = "" if length != 512 else " (met)" if tok_s >= target else " (not met)"
+                emit(f"| {stage} | {length} x {batch} | {gpus} | {tok_s:,.0f} | {target:,}{ok} | {mfu} | {ms:.0f} ms | "
+                     f"{gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | {secs:.0f} s |")
     for length in lengths:
-        if ("3", length) in per_token and ("lm", length) in per_token:
-            r = per_token["3", length] / per_token["lm", length]
-            emit(f"\nlength {length}: the stage-3 step takes {r:.2f}x the teacher's own step per token "
-                 f"(target: at most {RATIO}x)")
+        for gpus in counts:
+            if ("3", length, gpus) in speed and ("lm", length, gpus) in speed:
+                r = speed["lm", length, gpus] / speed["3", length, gpus]
+                emit(f"\nlength {length}, {gpus} GPU(s): the stage-3 step takes {r:.2f}x the teacher's own step "
+                     f"per token (target: at most {RATIO}x)")
+    for (stage, length, gpus), tok_s in speed.items():
+        if gpus > 1 and (stage, length, 1) in speed:
+            eff = tok_s / (gpus * speed[stage, length, 1])
+            emit(f"\nstage {stage}, length {length}: {gpus} GPUs give {eff:.0%} of {gpus} times one GPU's tokens/s "
+                 f"(target: at least {SCALING:.0%})")
     print(f"logs: {args.work}")
 
 

@@ -11,7 +11,9 @@ if not torch.cuda.is_available():  # the Triton kernels run in Triton's CPU inte
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+# pytest.ini spreads the test files over one process a core (pytest-xdist's -n auto, a file's tests
+# together so that its module fixtures are built once): each process takes its share of the cores
+torch.set_num_threads(max(1, min(4, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 
 @pytest.fixture(scope="session")
