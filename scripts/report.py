@@ -4,6 +4,7 @@ plots, and the study's findings checked one by one against the numbers.
 
     python scripts/report.py                         # results/study/*.json -> results/study/report.md, assets/study_*.png
     python scripts/report.py --results=/tmp/r --assets=/tmp/r
+    python scripts/report.py --budgets=results/study_1B      # and a table of how the ranking moves with tokens
 
 Tables (one after stage 3, one after SFT): per run, perplexity and KL to the teacher on held-out
 text, recovery (student score / teacher score) on each of the study's tasks and on their
@@ -12,7 +13,9 @@ and the UUID S-NIAH-3). The teacher's row gives its own scores. Plots: average r
 NIAH accuracy against length (a line per run), and every stage's loss curves. The findings are
 those of the study's abstract (gated beats ungated; the delta rule with gating keeps retrieval,
 Gated DeltaNet best; Linear Attention and RetNet lose it past 512 tokens), each printed with
-the numbers it rests on and "holds", "does not hold" or "not measured".
+the numbers it rests on and "holds", "does not hold" or "not measured". With --budgets (folders
+of runs at other budgets), one more table gives each run's average recovery and mean passkey
+accuracy after SFT, a column pair a budget.
 """
 
 import argparse
@@ -240,22 +243,54 @@ def plots(runs, assets):
     return paths
 
 
+def budget(runs):
+    """The distillation budget of a folder's students, as a column label ('100M')."""
+    return "/".join(sorted({count(sum(r["settings"]["stage_tokens"][k] for k in ("1", "2", "3")))
+                            for n, r in runs.items() if n != "teacher"}))
+
+
+def budget_table(folders):
+    """Average recovery and mean passkey accuracy after SFT of every run, a column pair a folder
+    of runs (one budget each): how the ranking moves with tokens."""
+    labels = [budget(runs) for runs in folders]
+    names = [n for n in ORDER + tuple(sorted({n for r in folders for n in r} - set(ORDER) - {"teacher"}))
+             if any(n in runs for runs in folders)]
+    head = ["run"] + [f"{b}: {what}" for b in labels for what in ("recovery", "passkey")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in names:
+        cells = [label(n, next(runs[n] for runs in folders if n in runs))]
+        for runs in folders:
+            m = runs.get(n, {}).get("after_sft")
+            rec = m and m["eval"]["summary"]["recovery"].get("avg")
+            key = m and m["niah"].get("s_niah_1")
+            cells += [pct(rec) if rec else "-", f"{100 * sum(key.values()) / len(key):.0f}" if key else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=os.path.join(ROOT, "results", "study"), help="reproduce.py's JSON files")
     ap.add_argument("--out", default=None, help="the report (default <results>/report.md)")
     ap.add_argument("--assets", default=os.path.join(ROOT, "assets"), help="where the plots go")
+    ap.add_argument("--budgets", default="", help="folders of runs at other budgets, comma-separated: a table by budget")
     args = ap.parse_args(argv)
-    runs = load(args.results)
-    if not [n for n in runs if n != "teacher"]:
-        sys.exit(f"report.py: no student results in {args.results} (scripts/reproduce.py writes them)")
+    folders = [args.results] + [f for f in args.budgets.split(",") if f]
+    runs, *others = [load(f) for f in folders]
+    for f, r in zip(folders, [runs] + others):
+        if not [n for n in r if n != "teacher"]:
+            sys.exit(f"report.py: no student results in {f} (scripts/reproduce.py writes them)")
     os.makedirs(args.assets, exist_ok=True)
     lines = []
     for after, title in AFTER.items():
         lines += [f"### {title[0].upper() + title[1:]}", "", table(runs, after), ""]
+    if others:
+        lines += ["### By budget: average recovery and mean passkey accuracy after SFT (%)", "",
+                  budget_table([runs] + others), ""]
     lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
-    for n, r in runs.items():
-        lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`")
+    for r_ in [runs] + others:
+        for n, r in r_.items():
+            lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`")
     report = "\n".join(lines) + "\n"
     out = args.out or os.path.join(args.results, "report.md")
     with open(out, "w") as f:

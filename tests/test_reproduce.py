@@ -165,6 +165,26 @@ def test_a_recovery_without_a_value_reads_as_a_dash():
     assert report.pct([0.5, 0.4, 0.6]) == "50.0"
 
 
+def test_the_report_sets_budgets_side_by_side(tiny, tmp_path):
+    d, _, r = tiny
+    big = json.loads(json.dumps(r))  # the same run at ten times the budget, with other numbers
+    big["settings"]["stage_tokens"] = {k: 10 * n for k, n in r["settings"]["stage_tokens"].items()}
+    big["after_sft"]["eval"]["summary"]["recovery"]["avg"] = [0.875, 0.85, 0.9]
+    big["after_sft"]["niah"]["s_niah_1"] = {"128": 0.5}
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "gla.json").write_text(json.dumps(big))
+    report.main([f"--results={d / 'results'}", f"--budgets={tmp_path / 'big'}", f"--out={tmp_path / 'report.md'}",
+                 f"--assets={tmp_path}"])
+    text = open(tmp_path / "report.md").read()
+    small, large = (report.count(sum(x["settings"]["stage_tokens"][k] for k in "123")) for x in (r, big))
+    assert f"| run | {small}: recovery | {small}: passkey | {large}: recovery | {large}: passkey |" in text
+    rec = r["after_sft"]["eval"]["summary"]["recovery"]["avg"][0]
+    key = r["after_sft"]["niah"]["s_niah_1"]["128"]
+    assert f"| GLA | {100 * rec:.1f} | {100 * key:.0f} | 87.5 | 50 |" in text
+    with pytest.raises(SystemExit, match="no student results in"):
+        report.main([f"--results={d / 'results'}", f"--budgets={tmp_path / 'none'}", f"--assets={tmp_path}"])
+
+
 def fake(recovery, passkey):
     """A run as reproduce.py writes it, with just the numbers the findings read."""
     m = {"eval": {"summary": {"recovery": {"avg": [recovery, recovery - 0.02, recovery + 0.02]}}},
