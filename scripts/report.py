@@ -288,8 +288,8 @@ def main(argv=None):
         lines += ["### By budget: average recovery and mean passkey accuracy after SFT (%)", "",
                   budget_table([runs] + others), ""]
     lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
-    for r_ in [runs] + others:
-        for n, r in r_.items():
+    for folder in [runs] + others:
+        for n, r in folder.items():
             lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`")
     report = "\n".join(lines) + "\n"
     out = args.out or os.path.join(args.results, "report.md")
