@@ -49,8 +49,23 @@ def load(results):
             continue
         if "name" in run and ("after_stage3" in run or "teacher" in run):
             runs[run["name"]] = run
-    rank = {n: i for i, n in enumerate(("teacher",) + ORDER)}
-    return dict(sorted(runs.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+    return {n: runs[n] for n in sorted(runs, key=place)}
+
+
+def place(name):
+    """Where a run stands in the tables: the teacher, the study's order, then the rest by name."""
+    order = ("teacher",) + ORDER
+    return (order.index(name) if name in order else len(order), name)
+
+
+def distilled(run):
+    """The tokens of a student's stages 1 to 3."""
+    return sum(run["settings"]["stage_tokens"][k] for k in ("1", "2", "3"))
+
+
+def mean_accuracy(by_length):
+    """NIAH accuracy averaged over the lengths measured."""
+    return sum(by_length.values()) / len(by_length)
 
 
 def label(name, run):
@@ -105,7 +120,7 @@ def table(runs, after):
         else:
             rec = ev["summary"]["recovery"]
             s = run["settings"]
-            tokens = sum(s["stage_tokens"][k] for k in ("1", "2", "3")) + (s["stage_tokens"]["sft"] if after == "after_sft" else 0)
+            tokens = distilled(run) + (s["stage_tokens"]["sft"] if after == "after_sft" else 0)
             cells = [label(name, run), count(tokens), f"{ev['model']['lm']['ppl']:.2f}",
                      f"{ev['model']['lm']['kl']:.3f}"] + [pct(rec.get(t)) for t in TASKS] + [
                      "-" if "avg" not in rec else f"{pct(rec['avg'])} [{100 * rec['avg'][1]:.1f}, {100 * rec['avg'][2]:.1f}]"]
@@ -142,7 +157,7 @@ def findings(runs):
         return run[after]["niah"].get("s_niah_1") if run and after in run else None
 
     seven = [n for n in ORDER[:7] if passkey(n)]
-    mean = {n: sum(passkey(n).values()) / len(passkey(n)) for n in seven}
+    mean = {n: mean_accuracy(passkey(n)) for n in seven}
     ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" for n in sorted(mean, key=mean.get, reverse=True))
     if len(seven) < 7:
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): not measured "
@@ -245,16 +260,14 @@ def plots(runs, assets):
 
 def budget(runs):
     """The distillation budget of a folder's students, as a column label ('100M')."""
-    return "/".join(sorted({count(sum(r["settings"]["stage_tokens"][k] for k in ("1", "2", "3")))
-                            for n, r in runs.items() if n != "teacher"}))
+    return "/".join(sorted({count(distilled(r)) for n, r in runs.items() if n != "teacher"}))
 
 
 def budget_table(folders):
     """Average recovery and mean passkey accuracy after SFT of every run, a column pair a folder
     of runs (one budget each): how the ranking moves with tokens."""
     labels = [budget(runs) for runs in folders]
-    names = [n for n in ORDER + tuple(sorted({n for r in folders for n in r} - set(ORDER) - {"teacher"}))
-             if any(n in runs for runs in folders)]
+    names = sorted({n for runs in folders for n in runs} - {"teacher"}, key=place)
     head = ["run"] + [f"{b}: {what}" for b in labels for what in ("recovery", "passkey")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in names:
@@ -263,7 +276,7 @@ def budget_table(folders):
             m = runs.get(n, {}).get("after_sft")
             rec = m and m["eval"]["summary"]["recovery"].get("avg")
             key = m and m["niah"].get("s_niah_1")
-            cells += [pct(rec) if rec else "-", f"{100 * sum(key.values()) / len(key):.0f}" if key else "-"]
+            cells += [pct(rec) if rec else "-", f"{100 * mean_accuracy(key):.0f}" if key else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -276,19 +289,20 @@ def main(argv=None):
     ap.add_argument("--budgets", default="", help="folders of runs at other budgets, comma-separated: a table by budget")
     args = ap.parse_args(argv)
     folders = [args.results] + [f for f in args.budgets.split(",") if f]
-    runs, *others = [load(f) for f in folders]
-    for f, r in zip(folders, [runs] + others):
+    loaded = [load(f) for f in folders]
+    for f, r in zip(folders, loaded):
         if not [n for n in r if n != "teacher"]:
             sys.exit(f"report.py: no student results in {f} (scripts/reproduce.py writes them)")
+    runs = loaded[0]
     os.makedirs(args.assets, exist_ok=True)
     lines = []
     for after, title in AFTER.items():
         lines += [f"### {title[0].upper() + title[1:]}", "", table(runs, after), ""]
-    if others:
+    if len(loaded) > 1:
         lines += ["### By budget: average recovery and mean passkey accuracy after SFT (%)", "",
-                  budget_table([runs] + others), ""]
+                  budget_table(loaded), ""]
     lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
-    for folder in [runs] + others:
+    for folder in loaded:
         for n, r in folder.items():
             lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`")
     report = "\n".join(lines) + "\n"
