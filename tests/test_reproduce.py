@@ -199,7 +199,13 @@ def test_findings_are_judged_from_the_numbers():
     lines = report.findings(runs).splitlines()
     assert lines[0].startswith("- Gated beats ungated") and ": holds." in lines[0]  # intervals of +-2 points apart
     assert "Gated DeltaNet keeps retrieval best" in lines[1] and ": holds." in lines[1]
-    assert all(": holds." in line for line in lines[2:4])  # LA and RetNet: 0% past 512
+    assert all(": holds." in line for line in lines[2:4])  # LA and RetNet: 0% past 512, 50% at 512
+    assert lines[2].endswith("(the study at 10B tokens: 512: 0%, 1024: 0%, 2048: 0%, 4096: 0%)")
+    assert lines[3].endswith("(the study at 10B tokens: 2048: 0%, 4096: 0%)")  # RetNet's 512 and 1k: not reported
+    assert "; the study at 10B tokens: Gated DeltaNet 77%, mLSTM 52%, DeltaNet 49%, KDA 11%, GLA 3%, " \
+           "Linear Attention 0%" in lines[1]
+    runs["linear_attention"] = fake(0.8, [0.04, 0.0, 0.0, 0.0])
+    assert ": holds, and it finds at most 5% at 512 too." in report.findings(runs).splitlines()[2]
     runs["gla"] = fake(0.81, [0.2, 0.1, 0.0, 0.0])  # [79, 83] against Linear Attention's [78, 82]
     assert "not settled at this budget" in report.findings(runs).splitlines()[0]
     runs["deltanet"] = fake(1.0, [1.0, 0.9, 0.5, 0.1])  # ungated DeltaNet above its gated twin, tied on the passkey
