@@ -956,7 +956,8 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 # Per-channel gates (KDA) turn exp(G_i - G_j) into a per-channel factor: the chunk is cut into
 # 16-row sub-chunks, off-diagonal sub-blocks are products of operands rescaled against a
 # reference row that lies between i and j (every exponent <= 0), and diagonal sub-blocks are
-# summed exactly, one column at a time. With bounded gates (every g >= gate_min, -15 gate_min <=
+# summed exactly, one column at a time. The two kernels that work on sub-blocks (A and P, and
+# the in-chunk backward) then run one program per sub-chunk's rows, four to a chunk. With bounded gates (every g >= gate_min, -15 gate_min <=
 # SPAN_MAX, as Kimi Linear's gate makes them) a diagonal sub-block is one tensor-core product too,
 #     sum_d q_id k_jd exp(G_id - G_jd) = (Q * exp(G - G_f)) (K * exp(G_f - G))^T,   masked after,
 # against the sub-chunk's first row f: k's factor is at most exp(-15 gate_min), inside fp32's
@@ -1098,9 +1099,12 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
                       BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr,
                       BOUNDED: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
-    # per chunk: A = strict_tril(beta_i k_i.k_j decayed), P = tril(scale q_i.k_j decayed)
+    # per chunk: A = strict_tril(beta_i k_i.k_j decayed), P = tril(scale q_i.k_j decayed); per key
+    # channel (GATE 3), one program per 16-row sub-chunk s of a chunk: the rows of A and P in s
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    if GATE == 3:
+        i_t, s = i_t // (BT // BC), i_t % (BT // BC)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     p_q = q + (i_b.to(tl.int64) * T * H + i_h) * K                     # row t at + t * H * K
@@ -1131,57 +1135,57 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
         tl.store(p_P + o_i[:, None] * (H * BT) + o_i[None, :], b_p.to(P.dtype.element_ty))
     else:
         o_c = tl.arange(0, BC)
-        for s in tl.static_range(BT // BC):
-            o_s = i_t * BT + s * BC + o_c
-            m_s = o_s < T
-            b_qs = _delta_rows(p_q, o_s, m_s, o_k, m_k, H * K).to(tl.float32)   # [BC, BK]
-            b_ks = _delta_rows(p_k, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
-            b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
-            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)                  # [BC, BK]
-            # reference row: the first of sub-chunk s, so G_i - G_ref <= 0 and G_ref - G_j <= 0
-            b_gref = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
-            b_qsg = b_qs * tl.exp(b_gs - b_gref[None, :])
-            b_ksg = b_ks * tl.exp(b_gs - b_gref[None, :])
-            for r in tl.static_range(BT // BC):
-                if r < s:
-                    o_r = i_t * BT + r * BC + o_c
-                    b_kr = _delta_rows(p_k, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
-                    b_gr = _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE)
-                    b_krg = b_kr * tl.exp(b_gref[None, :] - b_gr)                # [BC, BK]
-                    b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
-                    b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
-                elif r == s and BOUNDED:
-                    # diagonal sub-block, bounded gates: one product against the same first-row
-                    # anchor, k's factor exp(G_ref - G_j) <= exp(-15 gate_min); masked after, and
-                    # P's undecayed i = j entry q_i . k_i exact (as section 2 keeps it)
-                    b_kd = b_ks * tl.exp(b_gref[None, :] - b_gs)
-                    b_a = tl.dot(b_ksg, tl.trans(b_kd), input_precision=DOT)
-                    b_p = tl.dot(b_qsg, tl.trans(b_kd), input_precision=DOT)
-                    b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
-                    b_p = tl.where(o_c[:, None] > o_c[None, :], b_p, tl.sum(b_qs * b_ks, 1)[:, None])
-                    b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
-                elif r == s:
-                    # diagonal sub-block: exact per-channel sums, one column j at a time
-                    b_a = tl.zeros([BC, BC], dtype=tl.float32)
-                    b_p = tl.zeros([BC, BC], dtype=tl.float32)
-                    for j in range(BC):
-                        t_j = i_t * BT + s * BC + j
-                        m_j = m_k & ((t_j + 0 * o_k) < T)    # broadcast first: scalar & block masks fail in the interpreter
-                        b_kj = tl.load(p_k + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                        b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
-                        m_ij = o_c[:, None] >= j
-                        b_kje = b_kj[None, :] * tl.exp(tl.where(m_ij, b_gs - b_gj[None, :], 0.))
-                        b_ca = tl.sum(b_ks * b_kje, 1)                          # [BC] column j of A
-                        b_cp = tl.sum(b_qs * b_kje, 1)                          # [BC] column j of P
-                        b_a = tl.where(o_c[None, :] == j, b_ca[:, None], b_a)
-                        b_p = tl.where(o_c[None, :] == j, b_cp[:, None], b_p)
-                    b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
-                    b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
-                else:
-                    b_a = tl.zeros([BC, BC], dtype=tl.float32)
-                    b_p = tl.zeros([BC, BC], dtype=tl.float32)
-                _delta_put_blk(p_A, b_a, s, r, BC, H * BT)
-                _delta_put_blk(p_P, b_p, s, r, BC, H * BT)
+        o_s = i_t * BT + s * BC + o_c
+        m_s = o_s < T
+        b_qs = _delta_rows(p_q, o_s, m_s, o_k, m_k, H * K).to(tl.float32)   # [BC, BK]
+        b_ks = _delta_rows(p_k, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+        b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
+        b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)                  # [BC, BK]
+        # reference row: the first of sub-chunk s, so G_i - G_ref <= 0 and G_ref - G_j <= 0
+        b_gref = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
+        b_qsg = b_qs * tl.exp(b_gs - b_gref[None, :])
+        b_ksg = b_ks * tl.exp(b_gs - b_gref[None, :])
+        for r in range(0, s):
+            # off-diagonal sub-blocks: columns of an earlier sub-chunk r
+            o_r = i_t * BT + r * BC + o_c
+            b_kr = _delta_rows(p_k, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
+            b_krg = b_kr * tl.exp(b_gref[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))  # [BC, BK]
+            b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
+            b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
+            _delta_put_blk(p_A, b_a, s, r, BC, H * BT)
+            _delta_put_blk(p_P, b_p, s, r, BC, H * BT)
+        if BOUNDED:
+            # diagonal sub-block, bounded gates: one product against the same first-row
+            # anchor, k's factor exp(G_ref - G_j) <= exp(-15 gate_min); masked after, and
+            # P's undecayed i = j entry q_i . k_i exact (as section 2 keeps it)
+            b_kd = b_ks * tl.exp(b_gref[None, :] - b_gs)
+            b_a = tl.dot(b_ksg, tl.trans(b_kd), input_precision=DOT)
+            b_p = tl.dot(b_qsg, tl.trans(b_kd), input_precision=DOT)
+            b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
+            b_p = tl.where(o_c[:, None] > o_c[None, :], b_p, tl.sum(b_qs * b_ks, 1)[:, None])
+            b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
+        else:
+            # diagonal sub-block: exact per-channel sums, one column j at a time
+            b_a = tl.zeros([BC, BC], dtype=tl.float32)
+            b_p = tl.zeros([BC, BC], dtype=tl.float32)
+            for j in range(BC):
+                t_j = i_t * BT + s * BC + j
+                m_j = m_k & ((t_j + 0 * o_k) < T)    # broadcast first: scalar & block masks fail in the interpreter
+                b_kj = tl.load(p_k + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
+                m_ij = o_c[:, None] >= j
+                b_kje = b_kj[None, :] * tl.exp(tl.where(m_ij, b_gs - b_gj[None, :], 0.))
+                b_ca = tl.sum(b_ks * b_kje, 1)                          # [BC] column j of A
+                b_cp = tl.sum(b_qs * b_kje, 1)                          # [BC] column j of P
+                b_a = tl.where(o_c[None, :] == j, b_ca[:, None], b_a)
+                b_p = tl.where(o_c[None, :] == j, b_cp[:, None], b_p)
+            b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
+            b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
+        _delta_put_blk(p_A, b_a, s, s, BC, H * BT)
+        _delta_put_blk(p_P, b_p, s, s, BC, H * BT)
+        for r in range(s + 1, BT // BC):  # above the diagonal: zeros
+            _delta_put_blk(p_A, tl.zeros([BC, BC], dtype=tl.float32), s, r, BC, H * BT)
+            _delta_put_blk(p_P, tl.zeros([BC, BC], dtype=tl.float32), s, r, BC, H * BT)
 
 
 @triton.jit
@@ -1496,8 +1500,11 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
     #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
     #   dk_i += beta_i sum_j dA_ij D_ij k_j,   dbeta_i += k_i . sum_j dA_ij D_ij k_j
     #   dG   += q * (row terms of q) + k * (row terms of k) - k * (column terms of k)
+    # Per key channel (GATE 3), one program per 16-row sub-chunk s of a chunk: the terms of its rows
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
+    if GATE == 3:
+        i_t, s = i_t // (BT // BC), i_t % (BT // BC)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_bk = (i_b.to(tl.int64) * T * H + i_h) * K
@@ -1536,89 +1543,88 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
             tl.store(p_dG, tl.load(p_dG) + b_dg)
     else:
         o_c = tl.arange(0, BC)
-        for s in tl.static_range(BT // BC):
-            o_s = i_t * BT + s * BC + o_c
-            m_s = o_s < T
-            b_qs = _delta_rows(q + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
-            b_ks = _delta_rows(k + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
-            b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
-            b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)
-            # references: first row of s for row-side sums, last row of s for column-side sums
-            b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
-            b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, GATE)
-            b_rp = tl.zeros([BC, BK], dtype=tl.float32)
-            b_ra = tl.zeros([BC, BK], dtype=tl.float32)
-            b_cp = tl.zeros([BC, BK], dtype=tl.float32)
-            for r in tl.static_range(BT // BC):
-                o_r = i_t * BT + r * BC + o_c
-                m_r = o_r < T
-                if r < s:
-                    # rows of s, columns of r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
-                    b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32)
-                    b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))
-                    b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-                    b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-                if r > s:
-                    # rows of r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
-                    b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, GATE) - b_gla[None, :])
-                    b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
-                    b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
-                    b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
-                    b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
-                    b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
-                    b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
-            b_cp *= tl.exp(b_gla[None, :] - b_gs)
-            p_cs = p_dP + (s * BC) * (H * BT) + s * BC
-            p_ca = p_dA + (s * BC) * (H * BT) + s * BC
-            if BOUNDED:
-                # diagonal sub-block, bounded gates: products against the first row of s on both
-                # sides (an anchor no later than any row, so no later gate reaches an earlier
-                # row's sums), the factors exp(G_f - G_j) <= exp(-15 gate_min); masked first. dP's
-                # i = j entries go in exactly below, so that they cancel in dG as on the exact path
-                b_dpf = _delta_blk(p_dP, s, s, BT, BC, H * BT)
-                b_dps = tl.where(o_c[:, None] > o_c[None, :], b_dpf, 0.)
-                b_das = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dA, s, s, BT, BC, H * BT), 0.)
-                b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
-                b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
-                b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
-                b_dn = tl.exp(b_gs - b_gf[None, :])                                        # [BC, BK] <= 1
-                b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
-                                + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
-            b_rp *= tl.exp(b_gs - b_gf[None, :])
-            b_ra *= tl.exp(b_gs - b_gf[None, :])
-            if BOUNDED:
-                b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
-                b_rp += b_dpd * b_ks
-                b_cp += b_dpd * b_qs
-            else:
-                # diagonal sub-block, exact: loop over the row/column j inside s
-                for j in range(BC):
-                    t_j = i_t * BT + s * BC + j
-                    m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
-                    b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                    b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                    b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
-                    b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
-                    # row side: i in s with i >= j
-                    b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
-                    b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
-                    b_acol = tl.load(p_ca + o_c * (H * BT) + j)
-                    b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
-                    b_ra += b_acol[:, None] * b_kj[None, :] * b_er
-                    # column side: j plays the row i, columns j' in s with j' <= j
-                    b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
-                    b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
-                    b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
-                    b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
-            b_dq = _delta_rows(dq_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_rp
-            b_dk = _delta_rows(dk_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_cp + b_ra * b_bs[:, None]
-            b_db = tl.load(p_db + o_s * H, mask=m_s, other=0.) + tl.sum(b_ra * b_ks, 1)
-            _delta_put(dq + o_bk, b_dq, o_s, m_s, o_k, m_k, H * K)
-            _delta_put(dk + o_bk, b_dk, o_s, m_s, o_k, m_k, H * K)
-            tl.store(p_dbo + o_s * H, b_db.to(dbeta.dtype.element_ty), mask=m_s)
-            b_dg = b_qs * b_rp - b_ks * b_cp + b_ks * b_ra * b_bs[:, None]
-            p_dG = dG + (i_b.to(tl.int64) * Tp * H + i_h) * K + o_s[:, None] * (H * K) + o_k[None, :]
-            tl.store(p_dG, tl.load(p_dG, mask=m_k[None, :], other=0.) + b_dg, mask=m_k[None, :])
+        o_s = i_t * BT + s * BC + o_c
+        m_s = o_s < T
+        b_qs = _delta_rows(q + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+        b_ks = _delta_rows(k + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+        b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
+        b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)
+        # references: first row of s for row-side sums, last row of s for column-side sums
+        b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
+        b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, GATE)
+        b_rp = tl.zeros([BC, BK], dtype=tl.float32)
+        b_ra = tl.zeros([BC, BK], dtype=tl.float32)
+        b_cp = tl.zeros([BC, BK], dtype=tl.float32)
+        for r in range(0, s):
+            # rows of s, columns of an earlier r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
+            o_r = i_t * BT + r * BC + o_c
+            b_kr = _delta_rows(k + o_bk, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
+            b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))
+            b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+            b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+        for r in range(s + 1, BT // BC):
+            # rows of a later r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
+            o_r = i_t * BT + r * BC + o_c
+            m_r = o_r < T
+            b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, GATE) - b_gla[None, :])
+            b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+            b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+            b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
+            b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
+            b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
+            b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
+        b_cp *= tl.exp(b_gla[None, :] - b_gs)
+        p_cs = p_dP + (s * BC) * (H * BT) + s * BC
+        p_ca = p_dA + (s * BC) * (H * BT) + s * BC
+        if BOUNDED:
+            # diagonal sub-block, bounded gates: products against the first row of s on both
+            # sides (an anchor no later than any row, so no later gate reaches an earlier
+            # row's sums), the factors exp(G_f - G_j) <= exp(-15 gate_min); masked first. dP's
+            # i = j entries go in exactly below, so that they cancel in dG as on the exact path
+            b_dpf = _delta_blk(p_dP, s, s, BT, BC, H * BT)
+            b_dps = tl.where(o_c[:, None] > o_c[None, :], b_dpf, 0.)
+            b_das = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dA, s, s, BT, BC, H * BT), 0.)
+            b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
+            b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
+            b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
+            b_dn = tl.exp(b_gs - b_gf[None, :])                                        # [BC, BK] <= 1
+            b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
+                            + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
+        b_rp *= tl.exp(b_gs - b_gf[None, :])
+        b_ra *= tl.exp(b_gs - b_gf[None, :])
+        if BOUNDED:
+            b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
+            b_rp += b_dpd * b_ks
+            b_cp += b_dpd * b_qs
+        else:
+            # diagonal sub-block, exact: loop over the row/column j inside s
+            for j in range(BC):
+                t_j = i_t * BT + s * BC + j
+                m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
+                b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+                b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
+                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
+                # row side: i in s with i >= j
+                b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
+                b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
+                b_acol = tl.load(p_ca + o_c * (H * BT) + j)
+                b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
+                b_ra += b_acol[:, None] * b_kj[None, :] * b_er
+                # column side: j plays the row i, columns j' in s with j' <= j
+                b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
+                b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
+                b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
+                b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
+        b_dq = _delta_rows(dq_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_rp
+        b_dk = _delta_rows(dk_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_cp + b_ra * b_bs[:, None]
+        b_db = tl.load(p_db + o_s * H, mask=m_s, other=0.) + tl.sum(b_ra * b_ks, 1)
+        _delta_put(dq + o_bk, b_dq, o_s, m_s, o_k, m_k, H * K)
+        _delta_put(dk + o_bk, b_dk, o_s, m_s, o_k, m_k, H * K)
+        tl.store(p_dbo + o_s * H, b_db.to(dbeta.dtype.element_ty), mask=m_s)
+        b_dg = b_qs * b_rp - b_ks * b_cp + b_ks * b_ra * b_bs[:, None]
+        p_dG = dG + (i_b.to(tl.int64) * Tp * H + i_h) * K + o_s[:, None] * (H * K) + o_k[None, :]
+        tl.store(p_dG, tl.load(p_dG, mask=m_k[None, :], other=0.) + b_dg, mask=m_k[None, :])
 
 
 # ----------------------------------------------------------------------------------------
@@ -1659,8 +1665,9 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
         _delta_cumsum_kernel[(NT, B * H)](g, gc, T, Tp, H=H, K=K, BT=BT, BK=BK, GATE=gate, REVERSE=False)
     A = torch.empty(B, Tp, H, BT, device=q.device, dtype=torch.float32)
     P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
-    _delta_kkt_kernel[(NT, B * H)](q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
-                                   GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
+    _delta_kkt_kernel[(NT * (BT // BC if gate == 3 else 1), B * H)](
+        q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
+        GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     Ai = torch.empty_like(A)
     _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
     return gc, Ai, P
@@ -1754,7 +1761,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
         T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
         num_warps=_DELTA_MAIN_WIDE_WARPS if BK > 64 else _DELTA_WARPS, num_stages=_DELTA_MAIN_STAGES)
     dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
-    _delta_bwd_intra_kernel[(NT, B * H)](
+    _delta_bwd_intra_kernel[(NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
         BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     dg = _absent(q)
