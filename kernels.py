@@ -1239,9 +1239,11 @@ def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constex
 
 
 @triton.jit
-def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, kg, T, Tp, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
-    # W = T (beta * K * exp(G)) [BT, K],  U = T (beta * V) [BT, V]
+    # W = T (beta * K * exp(G)) [BT, K],  U = T (beta * V) [BT, V]; per key channel (GATE 3) also
+    # kg = K * exp(G_last - G), the keys as the chunk's end state sees them, which the two
+    # sequential kernels would otherwise rebuild from the gates inside their loop over chunks
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -1253,10 +1255,19 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.con
     b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
-    b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32) * b_b[:, None]
-    if GATE != 0:
+    b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
+    if GATE == 3:
         p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
-        b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))
+        b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)                             # [BT, BK]
+        b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)  # [BK]
+        _delta_put(kg + (i_b.to(tl.int64) * T * H + i_h) * K, b_k * tl.exp(b_gl[None, :] - b_g),
+                   o_t, m_t, o_k, m_k, H * K)
+        b_k = b_k * b_b[:, None] * tl.exp(b_g)
+    else:
+        b_k = b_k * b_b[:, None]
+        if GATE != 0:
+            p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
+            b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))
     _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_k, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
     p_v = v + (i_b.to(tl.int64) * T * H + i_h) * V
     p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
@@ -1271,7 +1282,8 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, T, Tp, H: tl.constexpr, K: tl.con
 def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         GATE: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DOT: tl.constexpr):
-    # the only sequential part: walk the chunks, store each chunk's start state and Vnew
+    # the only sequential part: walk the chunks, store each chunk's start state and Vnew.
+    # k: per key channel (GATE 3), the wu kernel's kg = K * exp(G_last - G)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
@@ -1303,9 +1315,8 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
             b_k = (b_k * tl.exp(b_gl - b_g)[:, None]).to(b_w.dtype)
         elif GATE == 3:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)  # [BK]
-            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)                        # [BT, BK]
             b_h *= tl.exp(b_gl)[:, None]
-            b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_w.dtype)
+            b_k = b_k.to(b_w.dtype)
         b_h += tl.dot(tl.trans(b_k), b_vn, input_precision=DOT)                                          # [BK, BT] @ [BT, BV]
     if STORE_HT:
         _delta_put(ht + i_bh.to(tl.int64) * K * V, b_h, o_k, m_k, o_v, m_v, V)
@@ -1352,6 +1363,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
     # reverse walk over chunks; dh is the gradient of the state at the END of the chunk:
     #   dVnew = P^T dO + (K * exp(G_last - G)) dh
     #   dh_prev = exp(G_last) dh + scale (Q * exp(G))^T dO - W^T dVnew
+    # k: per key channel (GATE 3), the wu kernel's kg = K * exp(G_last - G)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_i = tl.arange(0, BT)
@@ -1385,9 +1397,8 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
             b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
         elif GATE == 3:
             b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)
-            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)
-            b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_do.dtype)
-            b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
+            b_k = b_k.to(b_do.dtype)
+            b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))).to(b_do.dtype)
         b_dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT) + tl.dot(b_k, b_dh.to(b_do.dtype), input_precision=DOT)
         _delta_put(p_dv, b_dv, o_t, m_t, o_v, m_v, H * V)
         b_w = _delta_rows(p_w, o_t, m_t, o_k, m_k, H * K)
@@ -1674,11 +1685,13 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
 
 
 def _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht):
-    """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew."""
+    """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew; and
+    the keys the sequential kernels read (per key channel kg = K * exp(G_last - G), else k)."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     BT, dot = _DELTA_BT, _dot_precision(q)
     w, u = torch.empty_like(k), torch.empty_like(v)
-    _delta_wu_kernel[(NT, B * H)](k, v, beta, gc, Ai, w, u, T, Tp, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+    kg = torch.empty_like(k) if gate == 3 else k
+    _delta_wu_kernel[(NT, B * H)](k, v, beta, gc, Ai, w, u, kg, T, Tp, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                                   GATE=gate, DOT=dot, num_warps=_DELTA_WARPS)
     # chunk states in the inputs' dtype: every reader casts them to it for its dot anyway
     h = torch.empty(B, NT, H, K, V, device=q.device, dtype=q.dtype)
@@ -1686,10 +1699,10 @@ def _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht):
     BV = _delta_bv_seq(B, H, V, BV)
     ht = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if store_ht else None
     _delta_fwd_h_kernel[(triton.cdiv(V, BV), B * H)](
-        k, w, u, gc, h0 if h0 is not None else q, h, vn, ht if store_ht else q, T, Tp, NT,
+        kg, w, u, gc, h0 if h0 is not None else q, h, vn, ht if store_ht else q, T, Tp, NT,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, USE_H0=h0 is not None, STORE_HT=store_ht,
         DOT=dot, num_warps=_DELTA_WARPS, num_stages=_delta_seq_stages(q, BK))
-    return w, h, vn, ht
+    return w, h, vn, ht, kg
 
 
 def _delta_gate_code(g):
@@ -1707,7 +1720,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     gate = _delta_gate_code(g)
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, gate, bounded)
-    _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
+    _, h, vn, ht, _ = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
     o, dot = torch.empty_like(v), _dot_precision(q)
     _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
@@ -1739,14 +1752,14 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
         gc = q  # placeholder pointer (GATE 0 never reads it)
     do = do.contiguous()
     # recompute W, the chunk states and Vnew in fp32 instead of keeping them from forward
-    w, h, vn, _ = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=False)
+    w, h, vn, _, kg = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=False)
     dh = torch.empty_like(h)
     dvn = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
     BVs = _delta_bv_seq(B, H, V, BV)
     # q stands in as the pointer of an absent dht or dh0 (USE_DHT, STORE_DH0 false: never touched)
     _delta_bwd_dh_kernel[(triton.cdiv(V, BVs), B * H)](
-        q, k, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
+        q, kg, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
         dh, dvn, scale, T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, GATE=gate,
         USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=_DELTA_WARPS,
         num_stages=_delta_seq_stages(q, BK))
