@@ -211,7 +211,8 @@ def save(fig, axes, ylabel, path):
 
 
 def plots(runs, assets):
-    """study_recovery.png, study_niah.png and study_loss.png under assets; returns their paths."""
+    """study_recovery.png, study_niah.png, study_loss.png and (when a student the study measured is
+    here) study_passkey.png under assets; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -268,6 +269,27 @@ def plots(runs, assets):
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
     paths.append(save(fig, axes, "train loss", os.path.join(assets, "study_loss.png")))
+
+    # passkey by length of each student the study measured: ours after stage 3 and after SFT
+    # against the study's 10B-token checkpoint
+    ours = [n for n in students if n in STUDY_PASSKEY and "after_sft" in students[n]]
+    if ours:
+        fig, axes = plt.subplots(1, len(ours), figsize=(3.2 * len(ours) + 1, 3.4), sharey=True, squeeze=False)
+        for ax, n in zip(axes[0], ours):
+            for after, style in (("after_stage3", {"alpha": 0.45}), ("after_sft", {})):
+                acc = measures(students[n]).get(after, {}).get("niah", {}).get("s_niah_1")
+                if acc:
+                    Ls = sorted(int(L) for L in acc)
+                    ax.plot(Ls, [100 * acc[str(L)] for L in Ls], marker="o", color="C0",
+                            label=f"here, {AFTER[after]}", **style)
+            Ls, ys = zip(*[(L, a) for L, a in zip((512, 1024, 2048, 4096), STUDY_PASSKEY[n]) if a is not None])
+            ax.plot(Ls, ys, marker="x", color="k", ls="--", label="the study, 10B tokens")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{NAMES[n]}: distilled on {count(distilled(students[n]))} tokens here", fontsize=9)
+            ax.set_ylim(-3, 103)
+            ax.set_xlabel("prompt length (tokens)")
+            ax.grid(True, alpha=0.3)
+        paths.append(save(fig, axes[0], "passkey accuracy (%)", os.path.join(assets, "study_passkey.png")))
     return paths
 
 

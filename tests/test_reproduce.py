@@ -155,7 +155,7 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
     assert f"| GLA | {report.count(sum(tiny[2]['settings']['stage_tokens'][k] for k in '123'))} |" in text
     assert "passkey 128" in text
     assert "not measured" in text  # one student: no finding can be judged
-    for png in ("study_recovery.png", "study_niah.png", "study_loss.png"):
+    for png in ("study_recovery.png", "study_niah.png", "study_loss.png", "study_passkey.png"):
         assert os.path.getsize(tmp_path / png) > 10_000
 
 
