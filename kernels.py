@@ -18,7 +18,9 @@ under torch.no_grad() only (no backward), with the signatures of mixers.py's dec
     recurrent_step_delta_rule       one token of chunk_delta_rule's recurrence
 
 The kernels run compiled on a GPU and, with TRITON_INTERPRET=1, on the CPU, which is how
-the tests check them against the token-by-token references of mixers.py.
+the tests check them against the token-by-token references of mixers.py, in fp32: the
+interpreter's tl.dot multiplies bf16 operands as raw bit patterns (triton issue #11584,
+unsupported there), so bf16 is checked on a GPU only.
 
 Custom operators. Every launch runs inside a torch custom operator (torch.library.custom_op,
 namespace "linearize", registered for every device), so that torch.compile(fullgraph=True)
