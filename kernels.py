@@ -1265,19 +1265,16 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, kg, T, Tp, H: tl.constexpr, K: tl
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
     b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
-    if GATE == 3:
+    b_kb = b_k * b_b[:, None]
+    if GATE != 0:
         p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
-        b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)                             # [BT, BK]
-        b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)  # [BK]
-        _delta_put(kg + (i_b.to(tl.int64) * T * H + i_h) * K, b_k * tl.exp(b_gl[None, :] - b_g),
-                   o_t, m_t, o_k, m_k, H * K)
-        b_k = b_k * b_b[:, None] * tl.exp(b_g)
-    else:
-        b_k = b_k * b_b[:, None]
-        if GATE != 0:
-            p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
-            b_k = b_k * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))
-    _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_k, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
+        b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)                             # [BT, BK] or [BT, 1]
+        if GATE == 3:
+            b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, GATE)       # [BK]
+            _delta_put(kg + (i_b.to(tl.int64) * T * H + i_h) * K, b_k * tl.exp(b_gl[None, :] - b_g),
+                       o_t, m_t, o_k, m_k, H * K)
+        b_kb = b_kb * tl.exp(b_g)
+    _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_kb, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
     p_v = v + (i_b.to(tl.int64) * T * H + i_h) * V
     p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
     for i_v in range(tl.cdiv(V, BV)):
@@ -1323,7 +1320,7 @@ def _delta_fwd_h_kernel(k, w, u, gc, h0, h, vn, ht, T, Tp, NT, H: tl.constexpr, 
             b_h *= tl.exp(b_gl)
             b_k = (b_k * tl.exp(b_gl - b_g)[:, None]).to(b_w.dtype)
         elif GATE == 3:
-            b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)  # [BK]
+            b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, GATE)          # [BK]
             b_h *= tl.exp(b_gl)[:, None]
             b_k = b_k.to(b_w.dtype)
         b_h += tl.dot(tl.trans(b_k), b_vn, input_precision=DOT)                                          # [BK, BT] @ [BT, BV]
@@ -1405,7 +1402,7 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
             b_k = (b_k * tl.exp(b_gl - b_g)).to(b_do.dtype)
             b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
         elif GATE == 3:
-            b_gl = tl.load(p_g + (i_t * BT + BT - 1) * (H * K) + o_k, mask=m_k, other=0.)
+            b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, GATE)
             b_k = b_k.to(b_do.dtype)
             b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))).to(b_do.dtype)
         b_dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT) + tl.dot(b_k, b_dh.to(b_do.dtype), input_precision=DOT)
