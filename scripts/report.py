@@ -34,11 +34,12 @@ NIAH = {"s_niah_1": "passkey", "s_niah_3": "UUID"}
 AFTER = {"after_stage3": "after stage 3", "after_sft": "after SFT"}
 GATED = {"linear_attention": "gla", "deltanet": "gated_deltanet"}  # each ungated mixer and its gated twin
 COLLAPSE = 0.05  # "collapses": passkey accuracy at most this at every length past 512
-# The study's passkey accuracy (%) at 512 / 1k / 2k / 4k, its 10B-token checkpoints (arXiv
-# 2504.14366, its NIAH table; mLSTM is its xLSTM row; None: not reported), printed beside ours.
-STUDY_PASSKEY = {"gated_deltanet": (99.4, 97.8, 81.8, 29.8), "mlstm": (95.8, 78.0, 25.2, 8.4),
-                 "deltanet": (98.8, 96.2, 0.0, 0.0), "kda": (33.4, 7.4, 2.0, 0.8), "gla": (10.6, 1.0, 0.0, 0.0),
-                 "linear_attention": (0.0, 0.0, 0.0, 0.0), "retnet": (None, None, 0.0, 0.0)}
+# The study's passkey accuracy (%) by length, its 10B-token checkpoints (arXiv 2504.14366, its NIAH
+# table; mLSTM is its xLSTM row; a length it does not report is left out), printed beside ours.
+STUDY_PASSKEY = {n: dict(zip((512, 1024, 2048, 4096), a)) for n, a in {
+    "gated_deltanet": (99.4, 97.8, 81.8, 29.8), "mlstm": (95.8, 78.0, 25.2, 8.4), "deltanet": (98.8, 96.2, 0.0, 0.0),
+    "kda": (33.4, 7.4, 2.0, 0.8), "gla": (10.6, 1.0, 0.0, 0.0), "linear_attention": (0.0, 0.0, 0.0, 0.0)}.items()}
+STUDY_PASSKEY["retnet"] = {2048: 0.0, 4096: 0.0}
 
 
 def load(results):
@@ -71,6 +72,11 @@ def distilled(run):
 def mean_accuracy(by_length):
     """NIAH accuracy averaged over the lengths measured."""
     return sum(by_length.values()) / len(by_length)
+
+
+def by_length(acc):
+    """A NIAH result's {"512": accuracy, ...} as (length, accuracy) pairs, shortest first."""
+    return sorted((int(L), a) for L, a in acc.items())
 
 
 def label(name, run):
@@ -164,7 +170,7 @@ def findings(runs):
     seven = [n for n in ORDER[:7] if passkey(n)]
     mean = {n: mean_accuracy(passkey(n)) for n in seven}
     ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" for n in sorted(mean, key=mean.get, reverse=True))
-    study = {n: sum(a) / 4 for n, a in STUDY_PASSKEY.items() if None not in a}
+    study = {n: mean_accuracy(a) for n, a in STUDY_PASSKEY.items() if len(a) == 4}  # every length reported
     ranks += "; the study at 10B tokens: " + ", ".join(f"{NAMES[n]} {study[n]:.0f}%" for n in
                                                         sorted(study, key=study.get, reverse=True))
     if len(seven) < 7:
@@ -182,12 +188,12 @@ def findings(runs):
         if not p:
             out.append(f"- {NAMES[n]} loses retrieval past 512 tokens: not measured.")
             continue
-        acc = {int(L): a for L, a in p.items()}
+        acc = dict(by_length(p))
         past = {L: a for L, a in acc.items() if L > 512}
         verdict = "not measured" if not past else "holds" if max(past.values()) <= COLLAPSE else "does not hold"
         if verdict == "holds" and acc.get(512, 1) <= COLLAPSE:
             verdict += f", and it finds at most {100 * COLLAPSE:.0f}% at 512 too"
-        study = ", ".join(f"{L}: {a:.0f}%" for L, a in zip((512, 1024, 2048, 4096), STUDY_PASSKEY[n]) if a is not None)
+        study = ", ".join(f"{L}: {a:.0f}%" for L, a in STUDY_PASSKEY[n].items())
         out.append(f"- {NAMES[n]} loses retrieval past 512 tokens (passkey at most {100 * COLLAPSE:.0f}% at each "
                    f"longer length, after SFT): {verdict}. "
                    + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in sorted(acc.items()))
@@ -247,8 +253,8 @@ def plots(runs, assets):
             m = measures(r).get(after)
             acc = m and m["niah"].get(task)
             if acc:
-                Ls = sorted(int(L) for L in acc)
-                ax.plot(Ls, [100 * acc[str(L)] for L in Ls], marker="o", label=label(n, r),
+                Ls, ys = zip(*by_length(acc))
+                ax.plot(Ls, [100 * a for a in ys], marker="o", label=label(n, r),
                         **({"color": "k", "ls": "--"} if n == "teacher" else {}))
         ax.set_xscale("log", base=2)
         ax.set_title(f"{NIAH[task]}, {AFTER[after]}", fontsize=9)
@@ -279,11 +285,10 @@ def plots(runs, assets):
             for after, style in (("after_stage3", {"alpha": 0.45}), ("after_sft", {})):
                 acc = measures(students[n]).get(after, {}).get("niah", {}).get("s_niah_1")
                 if acc:
-                    Ls = sorted(int(L) for L in acc)
-                    ax.plot(Ls, [100 * acc[str(L)] for L in Ls], marker="o", color="C0",
+                    Ls, ys = zip(*by_length(acc))
+                    ax.plot(Ls, [100 * a for a in ys], marker="o", color="C0",
                             label=f"here, {AFTER[after]}", **style)
-            Ls, ys = zip(*[(L, a) for L, a in zip((512, 1024, 2048, 4096), STUDY_PASSKEY[n]) if a is not None])
-            ax.plot(Ls, ys, marker="x", color="k", ls="--", label="the study, 10B tokens")
+            ax.plot(list(STUDY_PASSKEY[n]), list(STUDY_PASSKEY[n].values()), marker="x", color="k", ls="--", label="the study, 10B tokens")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{NAMES[n]}: distilled on {count(distilled(students[n]))} tokens here", fontsize=9)
             ax.set_ylim(-3, 103)
