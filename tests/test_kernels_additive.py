@@ -4,7 +4,8 @@ S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), with g none / [H] /
 [B,T,H,Dk]. The small fp32 claims (tiny shapes, chunk 16 or 32 so that several chunks and
 several 16-row sub-chunks are crossed) run on the GPU when there is one, compiled, and otherwise
 on the CPU in Triton's interpreter; on a GPU the same claims are also checked in bf16 at larger
-shapes, with fla's tolerances (test_kernels_additive_gpu.py). Ground truth is mixers.py's token-by-token loop in fp64.
+shapes, with fla's tolerances (test_kernels_additive_gpu.py). Ground truth is mixers.py's
+token-by-token loop in fp64.
 """
 
 import os
