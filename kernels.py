@@ -1054,25 +1054,16 @@ def _delta_gate_row(p_g, t, o_k, m_k, H: tl.constexpr, K: tl.constexpr, GATE: tl
 
 
 @triton.jit
-def _delta_inv16x4(p_A, S, BC: tl.constexpr):
-    # (I + L)^-1 of the four diagonal [BC, BC] blocks L of a chunk matrix (row stride S), all four
-    # at once as [4, BC, BC], by forward substitution row by row:
+def _delta_inv16(b_a, BC: tl.constexpr):
+    # (I + L)^-1 for a strictly lower [BC, BC] block L, by forward substitution row by row:
     # row i of (T - I) = -L_i + sum_{j<i} (-L_ij) (T - I)_j, rows j < i already final
-    o_n = tl.arange(0, 4)
     o_c = tl.arange(0, BC)
-    o_r = (o_n[:, None, None] * BC + o_c[None, :, None]) * S + o_n[:, None, None] * BC + o_c[None, None, :]
-    b_t = -tl.where(o_c[None, :, None] > o_c[None, None, :], tl.load(p_A + o_r), 0.)
+    b_t = -tl.where(o_c[:, None] > o_c[None, :], b_a, 0.)
     for i in range(1, BC):
-        b_row = tl.sum(tl.where(o_c[None, :, None] == i, b_t, 0.), 1)           # [4, BC] = -L_i
-        b_row = b_row + tl.sum(b_row[:, :, None] * b_t, 1)                       # [4, BC] = (T - I)_i
-        b_t = tl.where(o_c[None, :, None] == i, b_row[:, None, :], b_t)
-    return b_t + (o_c[None, :, None] == o_c[None, None, :]).to(tl.float32)
-
-
-@triton.jit
-def _delta_pick(b_t, n):
-    # block n [BC, BC] of a [4, BC, BC] stack
-    return tl.sum(tl.where(tl.arange(0, 4)[:, None, None] == n, b_t, 0.), 0)
+        b_row = tl.sum(tl.where(o_c[:, None] == i, b_t, 0.), 0)          # [BC] = -L_i
+        b_row = b_row + tl.sum(b_row[:, None] * b_t, 0)                   # [BC] = (T - I)_i
+        b_t = tl.where(o_c[:, None] == i, b_row[None, :], b_t)
+    return b_t + (o_c[:, None] == o_c[None, :]).to(tl.float32)
 
 
 @triton.jit
@@ -1209,8 +1200,10 @@ def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constex
     p_A = _delta_chunk_base(A, i_b, i_t, i_h, Tp, H, BT)
     p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
     S: tl.constexpr = H * BT
-    b_td = _delta_inv16x4(p_A, S, BC)
-    b_t00, b_t11, b_t22, b_t33 = _delta_pick(b_td, 0), _delta_pick(b_td, 1), _delta_pick(b_td, 2), _delta_pick(b_td, 3)
+    b_t00 = _delta_inv16(_delta_blk(p_A, 0, 0, BT, BC, S), BC)
+    b_t11 = _delta_inv16(_delta_blk(p_A, 1, 1, BT, BC, S), BC)
+    b_t22 = _delta_inv16(_delta_blk(p_A, 2, 2, BT, BC, S), BC)
+    b_t33 = _delta_inv16(_delta_blk(p_A, 3, 3, BT, BC, S), BC)
     b_a10 = _delta_blk(p_A, 1, 0, BT, BC, S)
     b_a20 = _delta_blk(p_A, 2, 0, BT, BC, S)
     b_a21 = _delta_blk(p_A, 2, 1, BT, BC, S)
@@ -1403,8 +1396,9 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
             b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
         elif GATE == 3:
             b_gl = _delta_gate_row(p_g, i_t * BT + BT - 1, o_k, m_k, H, K, GATE)
-            b_k = b_k.to(b_do.dtype)
-            b_q = (b_q * tl.exp(_delta_gate(p_g, o_t, o_k, m_k, H, K, GATE))).to(b_do.dtype)
+            b_g = _delta_gate(p_g, o_t, o_k, m_k, H, K, GATE)
+            b_k = (b_k * tl.exp(b_gl[None, :] - b_g)).to(b_do.dtype)
+            b_q = (b_q * tl.exp(b_g)).to(b_do.dtype)
         b_dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT) + tl.dot(b_k, b_dh.to(b_do.dtype), input_precision=DOT)
         _delta_put(p_dv, b_dv, o_t, m_t, o_v, m_v, H * V)
         b_w = _delta_rows(p_w, o_t, m_t, o_k, m_k, H * K)
@@ -1770,7 +1764,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     BVs = _delta_bv_seq(B, H, V, BV)
     # q stands in as the pointer of an absent dht or dh0 (USE_DHT, STORE_DH0 false: never touched)
     _delta_bwd_dh_kernel[(triton.cdiv(V, BVs), B * H)](
-        q, kg, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
+        q, k, w, gc, P, do, dht.contiguous() if dht is not None else q, dh0 if dh0 is not None else q,
         dh, dvn, scale, T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BVs, GATE=gate,
         USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=_DELTA_WARPS,
         num_stages=_delta_seq_stages(q, BK))
