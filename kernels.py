@@ -1244,8 +1244,9 @@ def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constex
 def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, kg, T, Tp, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     # W = T (beta * K * exp(G)) [BT, K],  U = T (beta * V) [BT, V]; per key channel (GATE 3) also
-    # kg = K * exp(G_last - G), the keys as the chunk's end state sees them, which the two
-    # sequential kernels would otherwise rebuild from the gates inside their loop over chunks
+    # kg = K * exp(G_last - G), the keys as the chunk's end state sees them, which the forward
+    # state pass would otherwise rebuild from the gates inside its loop over chunks (the gradient
+    # pass loads those gates for Q anyway and rebuilds kg there: reading it was slower on an H200)
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -1362,7 +1363,6 @@ def _delta_bwd_dh_kernel(q, k, w, gc, P, do, dht, dh0, dh, dvn, scale, T, Tp, NT
     # reverse walk over chunks; dh is the gradient of the state at the END of the chunk:
     #   dVnew = P^T dO + (K * exp(G_last - G)) dh
     #   dh_prev = exp(G_last) dh + scale (Q * exp(G))^T dO - W^T dVnew
-    # k: per key channel (GATE 3), the wu kernel's kg = K * exp(G_last - G)
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_i = tl.arange(0, BT)
@@ -1690,8 +1690,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
 
 
 def _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht):
-    """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew; and
-    the keys the sequential kernels read (per key channel kg = K * exp(G_last - G), else k)."""
+    """W, U, then the chunk recurrence: per-chunk start states h [B, NT, H, K, V] and Vnew."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     BT, dot = _DELTA_BT, _dot_precision(q)
     w, u = torch.empty_like(k), torch.empty_like(v)
@@ -1707,7 +1706,7 @@ def _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht):
         kg, w, u, gc, h0 if h0 is not None else q, h, vn, ht if store_ht else q, T, Tp, NT,
         H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, USE_H0=h0 is not None, STORE_HT=store_ht,
         DOT=dot, num_warps=_DELTA_WARPS, num_stages=_delta_seq_stages(q, BK))
-    return w, h, vn, ht, kg
+    return w, h, vn, ht
 
 
 def _delta_gate_code(g):
@@ -1725,7 +1724,7 @@ def _delta_rule_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: tor
     gate = _delta_gate_code(g)
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
     gc, Ai, P = _delta_prepare(q, k, v, beta, g, scale, gate, bounded)
-    _, h, vn, ht, _ = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
+    _, h, vn, ht = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=True)
     o, dot = torch.empty_like(v), _dot_precision(q)
     _delta_fwd_o_kernel[(triton.cdiv(V, BV), NT, B * H)](
         q, vn, gc, h, P, o, scale, T, Tp, NT, H=H, K=K, V=V, BT=_DELTA_BT, BK=BK, BV=BV,
@@ -1757,7 +1756,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
         gc = q  # placeholder pointer (GATE 0 never reads it)
     do = do.contiguous()
     # recompute W, the chunk states and Vnew in fp32 instead of keeping them from forward
-    w, h, vn, _, kg = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=False)
+    w, h, vn, _ = _delta_states(q, k, v, beta, gc, Ai, h0, gate, store_ht=False)
     dh = torch.empty_like(h)
     dvn = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
