@@ -184,7 +184,9 @@ def findings(runs):
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
                    f"{verdict}. {ranks}")
     for n in ("linear_attention", "retnet"):
-        p = passkey(n)
+        p, when = passkey(n), "after SFT"
+        if not p and passkey(n, "after_stage3"):  # a run whose last NIAH did not finish
+            p, when = passkey(n, "after_stage3"), "after stage 3; after SFT not measured"
         if not p:
             out.append(f"- {NAMES[n]} loses retrieval past 512 tokens: not measured.")
             continue
@@ -195,7 +197,7 @@ def findings(runs):
             verdict += f", and it finds at most {100 * COLLAPSE:.0f}% at 512 too"
         study = ", ".join(f"{L}: {a:.0f}%" for L, a in STUDY_PASSKEY[n].items())
         out.append(f"- {NAMES[n]} loses retrieval past 512 tokens (passkey at most {100 * COLLAPSE:.0f}% at each "
-                   f"longer length, after SFT): {verdict}. "
+                   f"longer length, {when}): {verdict}. "
                    + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in sorted(acc.items()))
                    + f" (the study at 10B tokens: {study})")
     return "\n".join(out)
@@ -344,7 +346,8 @@ def main(argv=None):
     lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
     for folder in loaded:
         for n, r in folder.items():
-            lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`")
+            lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`"
+                         + (f". Incomplete: {r['incomplete']}" if r.get("incomplete") else ""))
     report = "\n".join(lines) + "\n"
     out = args.out or os.path.join(args.results, "report.md")
     with open(out, "w") as f:

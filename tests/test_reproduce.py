@@ -206,6 +206,11 @@ def test_findings_are_judged_from_the_numbers():
            "Linear Attention 0%" in lines[1]
     runs["linear_attention"] = fake(0.8, [0.04, 0.0, 0.0, 0.0])
     assert ": holds, and it finds at most 5% at 512 too." in report.findings(runs).splitlines()[2]
+    cut = fake(0.8, [0.5, 0.3, 0.0, 0.0])  # a run whose NIAH after SFT did not finish: judged after stage 3
+    runs["retnet"] = {"after_stage3": cut["after_stage3"], "after_sft": {**cut["after_sft"], "niah": {}}}
+    assert "(passkey at most 5% at each longer length, after stage 3; after SFT not measured): does not hold. " \
+           "512: 50%, 1024: 30%" in report.findings(runs).splitlines()[3]
+    runs["retnet"] = fake(0.8, [0.5, 0.0, 0.0, 0.0])
     runs["gla"] = fake(0.81, [0.2, 0.1, 0.0, 0.0])  # [79, 83] against Linear Attention's [78, 82]
     assert "not settled at this budget" in report.findings(runs).splitlines()[0]
     runs["deltanet"] = fake(1.0, [1.0, 0.9, 0.5, 0.1])  # ungated DeltaNet above its gated twin, tied on the passkey
