@@ -21,10 +21,11 @@ shorter ones eagerly.
 Each step is one command a user could type (train.py, evaluate.py, niah.py); its log goes to
 <work>/<name>/<step>.log. The steps done are kept in <work>/<name>/done.json (written whole, then
 renamed): run the same command again after a kill and it goes on from the step it stopped in,
-train.py from that stage's last checkpoint. Evaluation: perplexity and KL to the teacher on
-held-out text (data/modern/val.bin), the study's six tasks with recovery (--mc_limit questions
-each), and needle in a haystack (--niah: the passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to
-4k tokens, 50 prompts a length).
+train.py from that stage's last checkpoint. The run's JSON is written when it starts and after
+every step, so a run cut short keeps what it measured; its "incomplete" names the steps to run.
+Evaluation: perplexity and KL to the teacher on held-out text (data/modern/val.bin), the study's
+six tasks with recovery (--mc_limit questions each), and needle in a haystack (--niah: the
+passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length).
 """
 
 import argparse
@@ -117,11 +118,16 @@ class Pipeline:
             sys.exit(f"reproduce.py: {self.dir} holds a run with other settings ({state['settings']}); "
                      f"give another --name or --work, or remove that folder")
         self.settings, self.done = settings, state.get("steps", {})
+        self.after = None  # called after each step that runs
+
+    def finished(self, name, key=None):
+        """Step `name` is done, with the same key: an evaluation's own settings, which may change
+        without training again."""
+        return name in self.done and self.done[name].get("key") == key
 
     def step(self, name, cmd, key=None):
-        """Run cmd (a list) unless step `name` is done (with the same key: an evaluation's own
-        settings, which may change without training again); its output goes to <dir>/<name>.log."""
-        if name in self.done and self.done[name].get("key") == key:
+        """Run cmd (a list) unless step `name` is finished; its output goes to <dir>/<name>.log."""
+        if self.finished(name, key):
             print(f"{name}: done ({self.done[name]['seconds']:.0f} s)", flush=True)
             return
         log = os.path.join(self.dir, name + ".log")
@@ -146,6 +152,8 @@ class Pipeline:
                      f"the same command goes on from this step")
         self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": key}
         write_json(self.state_path, {"settings": self.settings, "steps": self.done})
+        if self.after:
+            self.after()
 
 
 def stage_history(path):
@@ -168,17 +176,51 @@ def niah_table(path):
     return out
 
 
-def measured(pipe, tag, model, args, py):
-    """Steps eval_<tag> and niah_<tag> on checkpoint `model`; returns their numbers."""
+def step_key(name, args):
+    """The settings a step is done with: an evaluation's own (None for training, whose settings are
+    the run's)."""
+    return eval_args(args) if name.startswith("eval_") else words("--niah", args.niah) if name.startswith("niah_") else None
+
+
+def write_results(path, result, pipe, args, ckpt, t0):
+    """The run's JSON with everything measured so far. It is written after every step, so a run cut
+    short keeps its numbers and loss curves; "incomplete" then names the steps still to run."""
+    r = dict(result)
+    tags = (("teacher", "teacher"),) if args.teacher else (("stage3", "after_stage3"), ("sft", "after_sft"))
+    for tag, field in tags:
+        if (m := numbers(pipe, tag, args)) is not None:
+            r[field] = m
+    if ckpt:
+        r["history"] = {s: stage_history(p) for s, p in ckpt.items() if pipe.finished(f"stage{s}")}
+    r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
+    r["this_run_seconds"] = time.time() - t0
+    steps = [] if args.teacher else [f"stage{s}" for s in STAGES]
+    for tag, _ in tags:
+        steps += ([] if tag != "sft" else ["stagesft"]) + [f"eval_{tag}", f"niah_{tag}"]
+    if missing := [n for n in steps if not pipe.finished(n, step_key(n, args))]:
+        r["incomplete"] = "not run yet: " + ", ".join(missing)
+    write_json(path, r)
+
+
+def measure(pipe, tag, model, args, py):
+    """Steps eval_<tag> and niah_<tag> on checkpoint `model`."""
     ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
     teacher = ["--teacher=none"] if model == "default" else []
     evaluation, niah = eval_args(args), words("--niah", args.niah)
     pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + evaluation + [f"--out={ev}"] + teacher,
               key=evaluation)
     pipe.step(f"niah_{tag}", [py, "niah.py", f"--init_from={model}", f"--out_dir={niah_dir}"] + niah, key=niah)
-    out = json.load(open(ev))
+
+
+def numbers(pipe, tag, args):
+    """What eval_<tag> and niah_<tag> have measured so far, with this run's settings: {"eval",
+    "niah"} ({} for a NIAH not finished), or None before the evaluation."""
+    if not pipe.finished(f"eval_{tag}", eval_args(args)):
+        return None
+    out = json.load(open(os.path.join(pipe.dir, f"{tag}.eval.json")))
+    niah = os.path.join(pipe.dir, f"{tag}.niah", "results.json")
     return {"eval": {k: out[k] for k in ("model", "teacher", "summary") if k in out},
-            "niah": niah_table(os.path.join(niah_dir, "results.json"))}
+            "niah": niah_table(niah) if pipe.finished(f"niah_{tag}", words("--niah", args.niah)) else {}}
 
 
 def run_all(argv, runs, gpus, work):
@@ -347,10 +389,13 @@ def main(argv=None):
     evals = {"val": args.val, "mc_limit": args.mc_limit, "tasks": args.tasks, "niah": args.niah,
              "eval_extra": args.eval_extra}  # recorded; a change reruns the evaluations alone
     t0 = time.time()
+    out = os.path.join(args.results, name + ".json")
     if args.teacher:
         result["settings"] = evals
-        pipe = Pipeline(args.work, name, {})
-        result["teacher"] = measured(pipe, "teacher", "default", args, py)
+        pipe, ckpt = Pipeline(args.work, name, {}), {}
+        pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
+        pipe.after()  # what an earlier, cut run of these settings left
+        measure(pipe, "teacher", "default", args, py)
     else:
         gpu = torch.cuda.is_available()
         d = {**(train.GPU_DEFAULTS if gpu else {}), **given}
@@ -373,6 +418,8 @@ def main(argv=None):
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
             [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else [])
         ckpt = {s: os.path.join(pipe.dir, args.mixer, f"stage{s}.pt") for s in (*STAGES, "sft")}
+        pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
+        pipe.after()  # what an earlier, cut run of these settings left
         for s in (*STAGES, "sft"):
             cmd = [py, "train.py", f"--stage={s}", f"--max_iters={steps[s]}", "--resume=true",
                    f"--data_dir={args.chat if s == 'sft' else args.text}"] + common
@@ -382,13 +429,9 @@ def main(argv=None):
                 cmd += [f"--block_size={SFT_LENGTH}", f"--batch_size={sft_batch}"]
             pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
-                result["after_stage3"] = measured(pipe, "stage3", ckpt["3"], args, py)
-        result["after_sft"] = measured(pipe, "sft", ckpt["sft"], args, py)
-        result["history"] = {s: stage_history(path) for s, path in ckpt.items()}
-    result["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
-    result["this_run_seconds"] = time.time() - t0
-    out = os.path.join(args.results, name + ".json")
-    write_json(out, result)
+                measure(pipe, "stage3", ckpt["3"], args, py)
+        measure(pipe, "sft", ckpt["sft"], args, py)
+    write_results(out, result, pipe, args, ckpt, t0)
     print(f"wrote {out}")
 
 

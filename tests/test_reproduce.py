@@ -3,6 +3,7 @@ to end on the real teacher (stages 1 -> 3, SFT, both evaluations, one JSON) that
 finds done and that other settings refuse; the report built from it; the study's findings
 judged from the numbers."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -136,6 +137,31 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
         assert not os.path.exists(tmp_path / "gla" / "stage1.log")  # refused before any step
 
 
+def test_a_run_cut_short_keeps_its_numbers_and_names_what_is_missing(tiny, tmp_path):
+    d, args, first = tiny
+    opts = dict(a[2:].split("=", 1) for a in args)
+    ns = argparse.Namespace(teacher=False, val=opts["val"], mc_limit=int(opts["mc_limit"]), tasks=opts["tasks"],
+                            eval_extra=opts["eval_extra"], niah=opts["niah"])
+    pipe = reproduce.Pipeline(str(d / "work"), "gla", json.load(open(d / "work" / "gla" / "done.json"))["settings"])
+    ckpt = {s: str(d / "work" / "gla" / "gla" / f"stage{s}.pt") for s in ("1", "2", "3", "sft")}
+    assert "incomplete" not in first
+    del pipe.done["niah_sft"]  # cut inside the last step
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
+    cut = json.load(open(tmp_path / "cut.json"))
+    assert cut["incomplete"] == "not run yet: niah_sft"
+    assert cut["after_sft"] == {**first["after_sft"], "niah": {}} and cut["after_stage3"] == first["after_stage3"]
+    assert cut["history"] == first["history"]
+    for step in ("stagesft", "eval_sft", "niah_stage3"):  # cut earlier: less is kept
+        del pipe.done[step]
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
+    cut = json.load(open(tmp_path / "cut.json"))
+    assert cut["incomplete"] == "not run yet: niah_stage3, stagesft, eval_sft, niah_sft"
+    assert "after_sft" not in cut and cut["after_stage3"]["niah"] == {} and set(cut["history"]) == {"1", "2", "3"}
+    pipe.done["eval_stage3"]["key"] = ["--mc_limit=99"]  # evaluated with other settings: not this run's numbers
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
+    assert "after_stage3" not in json.load(open(tmp_path / "cut.json"))
+
+
 def test_a_killed_step_runs_again_and_the_rest_stays_done(tiny):
     d, args, _ = tiny
     state_path = d / "work" / "gla" / "done.json"
@@ -146,6 +172,7 @@ def test_a_killed_step_runs_again_and_the_rest_stays_done(tiny):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(": done (") == 7 and "niah_sft: " in proc.stdout
     assert "niah_sft" in json.load(open(state_path))["steps"]
+    assert "incomplete" not in json.load(open(d / "results" / "gla.json"))
 
 
 def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
