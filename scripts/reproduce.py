@@ -47,6 +47,10 @@ COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU: 95 s against
 SFT_LENGTH = 1024  # the study's SFT sequence length
 NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
 HISTORY_POINTS = 200  # train-loss points kept per stage in the JSON
+# sliding-window attention (swa) at the linear students' state size: SmolLM2-135M's 3 KV heads
+# keep 96 keys and values of 64 channels, 36,864 numbers a layer, as a student's 9 heads of 64 x 64
+# state do. train.py's own default (512) would equal the teacher at the distillation length
+SWA_WINDOW = 96
 # --all: the seven students, a hybrid and the sliding-window baseline, then the teacher. The
 # hybrid keeps one softmax layer in the middle of each third of the 30 layers, evenly spaced as
 # hybrids usually interleave them, so that every part of the depth can read the exact context
@@ -288,6 +292,10 @@ def check_settings(args):
     given = train.parse_args(words("--extra", args.extra))  # its own one-line errors
     if "max_iters" in given:
         sys.exit("reproduce.py: --extra: --max_iters is set for each stage from --tokens")
+    if "window" in given:
+        sys.exit("reproduce.py: --extra: --window is reproduce.py's own setting (--window=N)")
+    if args.window < 1:
+        sys.exit(f"reproduce.py: --window={args.window}: expected an integer >= 1")
     for key in ("batch_size", "block_size", "grad_accum"):
         if given.get(key, 1) < 1:
             sys.exit(f"reproduce.py: --extra: --{key}={given[key]}: expected an integer >= 1")
@@ -326,6 +334,8 @@ def main(argv=None):
     ap.error = lambda msg: sys.exit(f"reproduce.py: {msg} (--help lists the settings)")  # one line, no usage block
     ap.add_argument("--mixer", default="gated_deltanet", help="the student's token mixer (swa: the sliding-window baseline)")
     ap.add_argument("--softmax_layers", default="", help="layers kept as softmax attention (a hybrid), e.g. 7,15,23")
+    ap.add_argument("--window", type=int, default=SWA_WINDOW, help="keys seen by the swa student (default: "
+                    "the linear students' state size)")
     ap.add_argument("--name", default="", help="the run's name (default: the mixer's; hybrid runs need one)")
     ap.add_argument("--teacher", action="store_true", help="evaluate the teacher alone: <results>/teacher.json")
     ap.add_argument("--tokens", type=tokens, default=tokens("100M"), help="distillation tokens, stages 1-3 together")
@@ -413,10 +423,13 @@ def main(argv=None):
                               "steps": steps, "tokens_per_step": per_step, "sft_tokens_per_step": sft_step,
                               "stage_tokens": {**{s: steps[s] * per_step for s in STAGES}, "sft": steps["sft"] * sft_step},
                               "text": args.text, "chat": args.chat, "extra": args.extra}
+        if args.mixer == "swa":
+            result["settings"]["window"] = args.window
         pipe = Pipeline(args.work, name, dict(result["settings"]))
         result["settings"].update(evals)
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
-            [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else [])
+            [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else []) + (
+            [f"--window={args.window}"] if args.mixer == "swa" else [])
         ckpt = {s: os.path.join(pipe.dir, args.mixer, f"stage{s}.pt") for s in (*STAGES, "sft")}
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left

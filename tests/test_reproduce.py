@@ -32,6 +32,13 @@ def test_budget_splits_as_the_study_and_counts_read_like_people_write_them():
             reproduce.tokens(bad)
 
 
+def test_the_sliding_window_holds_as_much_as_a_linear_students_state():
+    import model as M
+
+    c = M.Config()  # SmolLM2-135M: keys and values of its KV heads against each head's Dk x Dv state
+    assert c.n_kv_head * reproduce.SWA_WINDOW * 2 * c.head_dim == c.n_head * c.head_dim * c.head_dim
+
+
 def run(args, **kw):
     return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "reproduce.py")] + args,
                           cwd=ROOT, capture_output=True, text=True, **kw)
