@@ -195,7 +195,8 @@ def write_results(path, result, pipe, args, ckpt, t0):
         if (m := numbers(pipe, tag, args)) is not None:
             r[field] = m
     if ckpt:
-        r["history"] = {s: stage_history(p) for s, p in ckpt.items() if pipe.finished(f"stage{s}")}
+        r["history"] = {s: stage_history(p) for s, p in ckpt.items()
+                        if pipe.finished(f"stage{s}") and os.path.exists(p)}  # a folder copied without them
     r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
     r["this_run_seconds"] = time.time() - t0
     steps = [] if args.teacher else [f"stage{s}" for s in STAGES]

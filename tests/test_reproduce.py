@@ -158,6 +158,8 @@ def test_a_run_cut_short_keeps_its_numbers_and_names_what_is_missing(tiny, tmp_p
     assert cut["incomplete"] == "not run yet: niah_sft"
     assert cut["after_sft"] == {**first["after_sft"], "niah": {}} and cut["after_stage3"] == first["after_stage3"]
     assert cut["history"] == first["history"]
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, {**ckpt, "sft": str(tmp_path / "gone.pt")}, 0)
+    assert set(json.load(open(tmp_path / "cut.json"))["history"]) == {"1", "2", "3"}  # a folder copied without it
     for step in ("stagesft", "eval_sft", "niah_stage3"):  # cut earlier: less is kept
         del pipe.done[step]
     reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
