@@ -1147,26 +1147,36 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
         b_gref = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
         b_qsg = b_qs * tl.exp(b_gs - b_gref[None, :])
         b_ksg = b_ks * tl.exp(b_gs - b_gref[None, :])
-        for r in range(0, s):
-            # off-diagonal sub-blocks: columns of an earlier sub-chunk r
-            o_r = i_t * BT + r * BC + o_c
-            b_kr = _delta_rows(p_k, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
-            b_krg = b_kr * tl.exp(b_gref[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))  # [BC, BK]
-            b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
-            b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
-            _delta_put_blk(p_A, b_a, s, r, BC, H * BT)
-            _delta_put_blk(p_P, b_p, s, r, BC, H * BT)
         if BOUNDED:
-            # diagonal sub-block, bounded gates: one product against the same first-row
-            # anchor, k's factor exp(G_ref - G_j) <= exp(-15 gate_min); masked after, and
-            # P's undecayed i = j entry q_i . k_i exact (as section 2 keeps it)
-            b_kd = b_ks * tl.exp(b_gref[None, :] - b_gs)
-            b_a = tl.dot(b_ksg, tl.trans(b_kd), input_precision=DOT)
-            b_p = tl.dot(b_qsg, tl.trans(b_kd), input_precision=DOT)
-            b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
-            b_p = tl.where(o_c[:, None] > o_c[None, :], b_p, tl.sum(b_qs * b_ks, 1)[:, None])
-            b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
+            # bounded gates: the rows of s against every column of the chunk, one product per
+            # matrix, with the same first-row anchor: k's factor exp(G_ref - G_j) is at most 1
+            # for earlier columns and exp(-15 gate_min) inside s; later columns (masked after)
+            # take factor 1. P's undecayed i = j entry q_i . k_i exact (as section 2 keeps it)
+            o_j = tl.arange(0, BT)
+            o_tj = i_t * BT + o_j
+            b_kc = _delta_rows(p_k, o_tj, o_tj < T, o_k, m_k, H * K).to(tl.float32)          # [BT, BK]
+            b_gc = _delta_gate(p_g, o_tj, o_k, m_k, H, K, GATE)
+            b_kc = b_kc * tl.exp(tl.where((o_j < (s + 1) * BC)[:, None], b_gref[None, :] - b_gc, 0.))
+            b_a = tl.dot(b_ksg, tl.trans(b_kc), input_precision=DOT)                             # [BC, BT]
+            b_p = tl.dot(b_qsg, tl.trans(b_kc), input_precision=DOT)
+            o_i = s * BC + o_c                                                                  # chunk rows of s
+            b_a = tl.where(o_i[:, None] > o_j[None, :], b_a * b_bs[:, None], 0.)
+            b_p = tl.where(o_i[:, None] > o_j[None, :], b_p, tl.sum(b_qs * b_ks, 1)[:, None])
+            b_p = tl.where(o_i[:, None] >= o_j[None, :], b_p * scale, 0.)
+            tl.store(p_A + o_i[:, None] * (H * BT) + o_j[None, :], b_a)
+            tl.store(p_P + o_i[:, None] * (H * BT) + o_j[None, :], b_p.to(P.dtype.element_ty))
         else:
+            # exact path (gates without a bound): sub-block by sub-block, the diagonal one summed
+            # exactly, column by column
+            for r in range(0, s):
+                # off-diagonal sub-blocks: columns of an earlier sub-chunk r
+                o_r = i_t * BT + r * BC + o_c
+                b_kr = _delta_rows(p_k, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
+                b_krg = b_kr * tl.exp(b_gref[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))  # [BC, BK]
+                b_a = tl.dot(b_ksg, tl.trans(b_krg), input_precision=DOT) * b_bs[:, None]
+                b_p = tl.dot(b_qsg, tl.trans(b_krg), input_precision=DOT) * scale
+                _delta_put_blk(p_A, b_a, s, r, BC, H * BT)
+                _delta_put_blk(p_P, b_p, s, r, BC, H * BT)
             # diagonal sub-block: exact per-channel sums, one column j at a time
             b_a = tl.zeros([BC, BC], dtype=tl.float32)
             b_p = tl.zeros([BC, BC], dtype=tl.float32)
@@ -1183,11 +1193,11 @@ def _delta_kkt_kernel(q, k, beta, gc, A, P, scale, T, Tp, H: tl.constexpr, K: tl
                 b_p = tl.where(o_c[None, :] == j, b_cp[:, None], b_p)
             b_a = tl.where(o_c[:, None] > o_c[None, :], b_a * b_bs[:, None], 0.)
             b_p = tl.where(o_c[:, None] >= o_c[None, :], b_p * scale, 0.)
-        _delta_put_blk(p_A, b_a, s, s, BC, H * BT)
-        _delta_put_blk(p_P, b_p, s, s, BC, H * BT)
-        for r in range(s + 1, BT // BC):  # above the diagonal: zeros
-            _delta_put_blk(p_A, tl.zeros([BC, BC], dtype=tl.float32), s, r, BC, H * BT)
-            _delta_put_blk(p_P, tl.zeros([BC, BC], dtype=tl.float32), s, r, BC, H * BT)
+            _delta_put_blk(p_A, b_a, s, s, BC, H * BT)
+            _delta_put_blk(p_P, b_p, s, s, BC, H * BT)
+            for r in range(s + 1, BT // BC):  # above the diagonal: zeros
+                _delta_put_blk(p_A, tl.zeros([BC, BC], dtype=tl.float32), s, r, BC, H * BT)
+                _delta_put_blk(p_P, tl.zeros([BC, BC], dtype=tl.float32), s, r, BC, H * BT)
 
 
 @triton.jit

@@ -12,6 +12,7 @@ or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could n
     python scripts/kernel_smem.py                            # both families, fp32 and bf16, Dk 64 and 128
     python scripts/kernel_smem.py --dtypes=fp32 --dims=128 --families=delta
     python scripts/kernel_smem.py --families=glue            # section 5 (the short conv, norms, loss)
+    python scripts/kernel_smem.py --families=delta --kernels=_delta_kkt_kernel   # one kernel's launches
 
 Prints one line per compiled launch and exits with status 1 when one does not fit. Big kernels
 take 5 to 15 s each to compile on a CPU. tests/test_kernels_compile.py checks a subset.
@@ -175,6 +176,7 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--dims", default="64,128", help="head sizes Dk = Dv")
     ap.add_argument("--families", default="additive,delta,glue")
+    ap.add_argument("--kernels", default="", help="only these kernels, e.g. _delta_kkt_kernel (default: all)")
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -192,7 +194,10 @@ def main():
     import warnings
 
     warnings.simplefilter("ignore")
-    found = launches(a.dtypes.split(","), [int(d) for d in a.dims.split(",")], a.families.split(","))
+    only = [k for k in a.kernels.split(",") if k] or None
+    found = launches(a.dtypes.split(","), [int(d) for d in a.dims.split(",")], a.families.split(","), only)
+    if only and (missing := set(only) - {name for name, _, _ in found}):
+        sys.exit(f"kernel_smem.py: --kernels: {', '.join(sorted(missing))} not launched by these families")
     print(f"{len(found)} launches recorded; compiling for sm_90 with {a.jobs} processes", flush=True)
     rows = compile_all(found, a.jobs)
     for name, consts, opts, shared, loads in sorted(rows, key=lambda r: -r[3]):
