@@ -7,7 +7,9 @@ functions of kernels.py in the interpreter at small shapes, records every launch
 argument dtypes, constexprs, warps, stages), compiles each distinct one offline with Triton's
 own compiler for sm_90 in subprocesses without the interpreter, and reads the shared memory
 the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
-or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could not prove aligned.
+or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could not prove aligned;
+and, from Triton's own ptxas, the registers a thread uses and the bytes it spills (a kernel at 255
+registers runs two programs of 4 warps to a multiprocessor at most, and spills go to memory).
 
     python scripts/kernel_smem.py                            # both families, fp32 and bf16, Dk 64 and 128
     python scripts/kernel_smem.py --dtypes=fp32 --dims=128 --families=delta
@@ -135,6 +137,25 @@ def compile_all(found, jobs=2):
     return [json.loads(line) for out, _ in outs for line in out.splitlines()]
 
 
+def registers(ptx):
+    """{"regs", "spills"}: registers a thread and bytes spilled to local memory, from Triton's own
+    ptxas run verbosely on the kernel's PTX (-1 each where it prints neither)."""
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path  # the one Triton itself assembles sm_90 kernels with
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([ptxas, "--gpu-name=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True)
+        out = run.stdout + run.stderr
+    regs, spill = re.search(r"Used (\d+) registers", out), re.search(r"(\d+) bytes spill stores", out)
+    return {"regs": int(regs[1]) if regs else -1, "spills": int(spill[1]) if spill else -1}
+
+
 def compile_stdin():
     """--compile: launches as JSON on stdin -> one JSON line per distinct compiled launch."""
     import triton
@@ -168,6 +189,7 @@ def compile_stdin():
         ptx = k.asm["ptx"]
         loads = {"wide": len(re.findall(r"ld\.global(?:\.\w+)*\.v[24]\.", ptx)),
                  "narrow": len(re.findall(r"ld\.global(?:\.\w+)*\.(?:b|u|s|f)(?:8|16)\b", ptx))}
+        loads.update(registers(ptx))
         print(json.dumps([name, consts, opts, k.metadata.shared, loads]), flush=True)
 
 
@@ -204,7 +226,7 @@ def main():
         c = " ".join(f"{k}={v}" for k, v in consts.items() if k in ("K", "V", "BK", "BV", "GATE", "DOT", "BOUNDED"))
         print(f"{shared:7d} B  {'OVER ' if shared > SM90_SHARED else ''}{name} {c} "
               f"warps={opts['num_warps']} stages={opts['num_stages']}  global loads: {loads['wide']} vector, "
-              f"{loads['narrow']} of 1 or 2 bytes")
+              f"{loads['narrow']} of 1 or 2 bytes; {loads['regs']} registers, {loads['spills']} bytes spilled")
     over = [r for r in rows if r[3] > SM90_SHARED]
     print(f"{len(rows)} kernels compiled; {len(over)} need more than {SM90_SHARED} bytes")
     sys.exit(1 if over else 0)

@@ -52,3 +52,5 @@ def test_a_row_stride_that_divides_by_16_gives_wide_loads():
     rows = kernel_smem.compile_all(found, jobs=2)
     loads = sorted((r[4]["narrow"], r[4]["wide"]) for r in rows)
     assert len(loads) == 2 and loads[0][0] == 0 and loads[0][1] > 0 and loads[1][0] > 0, loads
+    # and ptxas's count of each one's registers and spills came back (-1 where it printed none)
+    assert all(0 < r[4]["regs"] <= 255 and r[4]["spills"] >= 0 for r in rows), [r[4] for r in rows]
