@@ -176,14 +176,14 @@ def compile_stdin():
                 sig[n], consts[n] = "constexpr", v
             else:
                 sig[n] = v if kind == "ptr" else ("fp32" if isinstance(v, float) else "i32")
-        key = json.dumps([name, sig, consts, opts], sort_keys=True)
+        # what Triton's JIT assumes of a launch: pointers 16-byte aligned, integers that divide by
+        # 16 known to (it proves wide loads from these); launches that differ there compile apart
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n not in constexpr and
+                 (args[n][0] == "ptr" or (isinstance(args[n][1], int) and args[n][1] % 16 == 0))}
+        key = json.dumps([name, sig, consts, opts, sorted(attrs)], sort_keys=True)
         if key in done:
             continue
         done.add(key)
-        # what Triton's JIT assumes of a launch: pointers 16-byte aligned, integers that divide by
-        # 16 known to (it proves wide loads from these)
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n not in constexpr and
-                 (args[n][0] == "ptr" or (isinstance(args[n][1], int) and args[n][1] % 16 == 0))}
         src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
         ptx = k.asm["ptx"]
