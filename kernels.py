@@ -986,7 +986,7 @@ _DELTA_BT = 64  # chunk length
 _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
 _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but the two below
-_DELTA_MAIN_WIDE_WARPS = 8  # _delta_bwd_main_kernel at BK > 64, where its [BT, BK] fp32 accumulators double
+_DELTA_MAIN_WARPS = 8  # _delta_bwd_main_kernel: at 4 its [BT, BK] fp32 accumulators spill (Dk 64, gated)
 _DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
@@ -1786,7 +1786,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     _delta_bwd_main_kernel[(NT, B * H)](
         q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
         T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
-        num_warps=_DELTA_MAIN_WIDE_WARPS if BK > 64 else _DELTA_WARPS, num_stages=_DELTA_MAIN_STAGES)
+        num_warps=_DELTA_MAIN_WARPS, num_stages=_DELTA_MAIN_STAGES)
     dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
     _delta_bwd_intra_kernel[(NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
