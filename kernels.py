@@ -985,8 +985,10 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 _DELTA_BT = 64  # chunk length
 _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
-_DELTA_WARPS = 4  # warps per program of every delta-rule kernel but the two below
-_DELTA_MAIN_WARPS = 8  # _delta_bwd_main_kernel: at 4 its [BT, BK] fp32 accumulators spill (Dk 64, gated)
+_DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
+# where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
+# backward at every Dk, and the in-chunk backward of one program a chunk (gates 0-2) at Dk > 64
+_DELTA_WIDE_WARPS = 8
 _DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
@@ -1786,11 +1788,12 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     _delta_bwd_main_kernel[(NT, B * H)](
         q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
         T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
-        num_warps=_DELTA_MAIN_WARPS, num_stages=_DELTA_MAIN_STAGES)
+        num_warps=_DELTA_WIDE_WARPS, num_stages=_DELTA_MAIN_STAGES)
     dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
     _delta_bwd_intra_kernel[(NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
-        BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
+        BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded,
+        num_warps=_DELTA_WIDE_WARPS if gate != 3 and BK > 64 else _DELTA_WARPS)
     dg = _absent(q)
     if gate:
         dg = torch.empty_like(g)
