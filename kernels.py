@@ -959,8 +959,9 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 # 16-row sub-chunks, off-diagonal sub-blocks are products of operands rescaled against a
 # reference row that lies between i and j (every exponent <= 0), and diagonal sub-blocks are
 # summed exactly, one column at a time. The two kernels that work on sub-blocks (A and P, and
-# the in-chunk backward) then run one program per sub-chunk's rows, four to a chunk. With bounded gates (every g >= gate_min, -15 gate_min <=
-# SPAN_MAX, as Kimi Linear's gate makes them) a diagonal sub-block is one tensor-core product too,
+# the in-chunk backward) then run one program per sub-chunk's rows, four to a chunk
+# (_delta_programs). With bounded gates (every g >= gate_min, -15 gate_min <= SPAN_MAX, as Kimi
+# Linear's gate makes them) a diagonal sub-block is one tensor-core product too,
 #     sum_d q_id k_jd exp(G_id - G_jd) = (Q * exp(G - G_f)) (K * exp(G_f - G))^T,   masked after,
 # against the sub-chunk's first row f: k's factor is at most exp(-15 gate_min), inside fp32's
 # range, and the anchor is no later than any row, so no later gate reaches an earlier row's sums
@@ -1683,6 +1684,12 @@ def _delta_seq_stages(q, BK):
     return 1 if q.element_size() == 4 and BK > 64 else 3
 
 
+def _delta_programs(NT, gate):
+    """Programs along time of the A/P kernel and the in-chunk backward: one a chunk, or per key
+    channel (gate 3) one a 16-row sub-chunk, which both kernels read back from program_id(0)."""
+    return NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1)
+
+
 def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
     """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
@@ -1693,7 +1700,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
         _delta_cumsum_kernel[(NT, B * H)](g, gc, T, Tp, H=H, K=K, BT=BT, BK=BK, GATE=gate, REVERSE=False)
     A = torch.empty(B, Tp, H, BT, device=q.device, dtype=torch.float32)
     P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
-    _delta_kkt_kernel[(NT * (BT // BC if gate == 3 else 1), B * H)](
+    _delta_kkt_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
         GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     Ai = torch.empty_like(A)
@@ -1790,7 +1797,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
         T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
         num_warps=_DELTA_WIDE_WARPS, num_stages=_DELTA_MAIN_STAGES)
     dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
-    _delta_bwd_intra_kernel[(NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1), B * H)](
+    _delta_bwd_intra_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
         BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded,
         num_warps=_DELTA_WIDE_WARPS if gate != 3 and BK > 64 else _DELTA_WARPS)

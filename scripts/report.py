@@ -198,7 +198,7 @@ def findings(runs):
         study = ", ".join(f"{L}: {a:.0f}%" for L, a in STUDY_PASSKEY[n].items())
         out.append(f"- {NAMES[n]} loses retrieval past 512 tokens (passkey at most {100 * COLLAPSE:.0f}% at each "
                    f"longer length, {when}): {verdict}. "
-                   + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in sorted(acc.items()))
+                   + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in acc.items())
                    + f" (the study at 10B tokens: {study})")
     return "\n".join(out)
 

@@ -199,9 +199,8 @@ def write_results(path, result, pipe, args, ckpt, t0):
                         if pipe.finished(f"stage{s}") and os.path.exists(p)}  # a folder copied without them
     r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
     r["this_run_seconds"] = time.time() - t0
-    steps = [] if args.teacher else [f"stage{s}" for s in STAGES]
-    for tag, _ in tags:
-        steps += ([] if tag != "sft" else ["stagesft"]) + [f"eval_{tag}", f"niah_{tag}"]
+    steps = ["eval_teacher", "niah_teacher"] if args.teacher else [f"stage{s}" for s in STAGES] + [
+        "eval_stage3", "niah_stage3", "stagesft", "eval_sft", "niah_sft"]  # in the order main runs them
     if missing := [n for n in steps if not pipe.finished(n, step_key(n, args))]:
         r["incomplete"] = "not run yet: " + ", ".join(missing)
     write_json(path, r)
@@ -220,12 +219,12 @@ def measure(pipe, tag, model, args, py):
 def numbers(pipe, tag, args):
     """What eval_<tag> and niah_<tag> have measured so far, with this run's settings: {"eval",
     "niah"} ({} for a NIAH not finished), or None before the evaluation."""
-    if not pipe.finished(f"eval_{tag}", eval_args(args)):
+    if not pipe.finished(f"eval_{tag}", step_key(f"eval_{tag}", args)):
         return None
     out = json.load(open(os.path.join(pipe.dir, f"{tag}.eval.json")))
     niah = os.path.join(pipe.dir, f"{tag}.niah", "results.json")
     return {"eval": {k: out[k] for k in ("model", "teacher", "summary") if k in out},
-            "niah": niah_table(niah) if pipe.finished(f"niah_{tag}", words("--niah", args.niah)) else {}}
+            "niah": niah_table(niah) if pipe.finished(f"niah_{tag}", step_key(f"niah_{tag}", args)) else {}}
 
 
 def run_all(argv, runs, gpus, work):
