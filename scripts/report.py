@@ -149,16 +149,23 @@ def findings(runs):
 
     pairs = [(u, g, rec(u), rec(g)) for u, g in GATED.items()]
     known = [p for p in pairs if p[2] and p[3]]
+
+    def judge(a, b):  # a: the ungated twin's [mean, low, high], b: the gated one's
+        return "holds" if b[1] > a[2] else "does not hold" if b[2] < a[1] else "intervals overlap"
+    judged = [judge(a, b) for _, _, a, b in known]
     text = "; ".join(f"{NAMES[g]} {100 * b[0]:.1f}% [{100 * b[1]:.1f}, {100 * b[2]:.1f}] vs {NAMES[u]} "
-                     f"{100 * a[0]:.1f}% [{100 * a[1]:.1f}, {100 * a[2]:.1f}]" for u, g, a, b in known)
+                     f"{100 * a[0]:.1f}% [{100 * a[1]:.1f}, {100 * a[2]:.1f}]"
+                     + (f" ({v})" if len(set(judged)) > 1 else "") for (u, g, a, b), v in zip(known, judged))
     if not known:
         verdict = "not measured"
-    elif all(b[1] > a[2] for _, _, a, b in known):  # every gated interval above its twin's
+    elif all(v == "holds" for v in judged):  # every gated interval above its twin's
         verdict = "holds"
-    elif any(b[2] < a[1] for _, _, a, b in known):  # a gated interval below its twin's
+    elif "does not hold" in judged:  # a gated interval below its twin's
         verdict = "does not hold"
     else:
-        verdict = "not settled at this budget (the 95% intervals overlap)"
+        n = judged.count("intervals overlap")
+        verdict = ("not settled at this budget (the 95% intervals overlap)" if n == len(known) else
+                   f"not settled at this budget (the 95% intervals of {n} of {len(known)} pairs overlap)")
     if known and len(known) < len(pairs):
         verdict += f" for the {len(known)} of {len(pairs)} pairs measured"
     out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}".rstrip())

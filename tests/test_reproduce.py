@@ -248,7 +248,10 @@ def test_findings_are_judged_from_the_numbers():
            "512: 50%, 1024: 30%" in report.findings(runs).splitlines()[3]
     runs["retnet"] = fake(0.8, [0.5, 0.0, 0.0, 0.0])
     runs["gla"] = fake(0.81, [0.2, 0.1, 0.0, 0.0])  # [79, 83] against Linear Attention's [78, 82]
-    assert "not settled at this budget" in report.findings(runs).splitlines()[0]
+    line = report.findings(runs).splitlines()[0]  # one pair apart, the other overlapping: each marked
+    assert ": not settled at this budget (the 95% intervals of 1 of 2 pairs overlap)." in line
+    assert "GLA 81.0% [79.0, 83.0] vs Linear Attention 80.0% [78.0, 82.0] (intervals overlap)" in line
+    assert "Gated DeltaNet 95.0% [93.0, 97.0] vs DeltaNet 80.0% [78.0, 82.0] (holds)" in line
     runs["deltanet"] = fake(1.0, [1.0, 0.9, 0.5, 0.1])  # ungated DeltaNet above its gated twin, tied on the passkey
     lines = report.findings(runs).splitlines()
     assert ": does not hold." in lines[0] and "tied: DeltaNet and Gated DeltaNet share the best" in lines[1]
