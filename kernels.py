@@ -988,7 +988,9 @@ _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
 _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
-# backward at every Dk, and the in-chunk backward of one program a chunk (gates 0-2) at Dk > 64
+# backward with a gate or at Dk > 64, and the in-chunk backward of one program a chunk (gates
+# 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
+# fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
 _DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
@@ -1795,7 +1797,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     _delta_bwd_main_kernel[(NT, B * H)](
         q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
         T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
-        num_warps=_DELTA_WIDE_WARPS, num_stages=_DELTA_MAIN_STAGES)
+        num_warps=_DELTA_WIDE_WARPS if gate or BK > 64 else _DELTA_WARPS, num_stages=_DELTA_MAIN_STAGES)
     dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
     _delta_bwd_intra_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
