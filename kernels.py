@@ -175,19 +175,21 @@ _ADD_BC = 16  # sub-chunk rows for per-channel decays; tl.dot's smallest side
 
 @triton.jit
 def _add_scalar_gates(g, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr):
-    """Cumulative log decay G [BT] of one chunk for scalar gates (GATE 1 or 2).
+    """(G [BT], G_L): cumulative log decay of one chunk for scalar gates (GATE 1 or 2), and its
+    total. Rows past T count as g = 0, so G stays at G_L there.
 
-    Rows past T count as g = 0, so G stays at G_L there and the chunk's total is G[BT-1].
+    A constant decay has G in closed form, g_h * (rows so far): no scan and no reduction on the
+    critical path of the sequential state kernels, which call this once a chunk.
     """
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
+    o_i = tl.arange(0, BT)
     if GATE == 1:
-        # one constant log decay per head, the same at every position
-        b_g = tl.where(m_t, tl.load(g + i_h).to(tl.float32), 0.0)
-    else:
-        # g [B, T, H]: one log decay per position and head
-        b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-    return tl.cumsum(b_g, axis=0)  # [BT]
+        b_gh = tl.load(g + i_h).to(tl.float32)
+        n = tl.minimum(T - i_t * BT, BT)  # rows of the chunk inside the sequence
+        return b_gh * tl.minimum(o_i + 1, n).to(tl.float32), b_gh * n.to(tl.float32)
+    # g [B, T, H]: one log decay per position and head
+    o_t = i_t * BT + o_i
+    b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0).to(tl.float32)
+    return tl.cumsum(b_g, axis=0), tl.sum(b_g, axis=0)
 
 
 @triton.jit
@@ -250,8 +252,7 @@ def _add_fwd_state_kernel(k, v, g, h0, hs, ht, T, Tp, NT,
             b_h *= tl.exp(b_gl)[:, None]
         elif GATE > 0:
             # scalar: decay the rows of v instead of k, one factor per position
-            b_g = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)  # [BT]
-            b_gl = tl.sum(tl.where(tl.arange(0, BT) == BT - 1, b_g, 0.0), axis=0)
+            b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)  # [BT], its total
             b_v = (b_v * tl.exp(b_gl - b_g)[:, None]).to(b_kt.dtype)
             b_h *= tl.exp(b_gl)
         b_h += tl.dot(b_kt, b_v)  # [BK, BT] @ [BT, BV]
@@ -290,7 +291,7 @@ def _add_fwd_out_kernel(q, k, v, g, hs, o, scale, T, NT,
         b_A += tl.dot(b_q, b_kt)  # [BT, BK] @ [BK, BT], intra-chunk scores
     m_A = o_i[:, None] >= o_i[None, :]  # causal, diagonal included
     if GATE > 0:
-        b_g = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
+        b_g, _ = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
         b_o *= tl.exp(b_g)[:, None]
         # masking the exponent (not the result) keeps exp away from positive numbers
         b_A *= tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
@@ -412,8 +413,7 @@ def _add_bwd_state_kernel(q, g, do, dht, dhs, dh0, scale, T, Tp, NT,
             b_qt = (b_qt * tl.exp(b_gt) * scale).to(b_do.dtype)
             b_dh *= tl.exp(b_gl)[:, None]
         elif GATE > 0:
-            b_g = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
-            b_gl = tl.sum(tl.where(tl.arange(0, BT) == BT - 1, b_g, 0.0), axis=0)
+            b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
             b_do = (b_do * (tl.exp(b_g) * scale)[:, None]).to(b_qt.dtype)
             b_dh *= tl.exp(b_gl)
         else:
@@ -454,8 +454,7 @@ def _add_bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
         b_At += tl.dot(b_k, b_qt)  # [BT, BK] @ [BK, BT]
     m_A = o_i[:, None] <= o_i[None, :]  # key j feeds query i >= j
     if GATE > 0:
-        b_g = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
-        b_gl = tl.sum(tl.where(o_i == BT - 1, b_g, 0.0), axis=0)
+        b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
         b_dv *= tl.exp(b_gl - b_g)[:, None]
         b_At *= tl.exp(tl.where(m_A, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
     else:
@@ -506,8 +505,7 @@ def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
             b_dgl += tl.sum(b_hn.to(tl.float32) * b_dh.to(tl.float32), axis=1)
     m_A = o_i[:, None] >= o_i[None, :]
     if GATE > 0:
-        b_g = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
-        b_gl = tl.sum(tl.where(o_i == BT - 1, b_g, 0.0), axis=0)
+        b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
         b_dq *= tl.exp(b_g)[:, None]
         b_dk *= tl.exp(b_gl - b_g)[:, None]
         b_dA *= tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
