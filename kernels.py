@@ -143,7 +143,8 @@ def _check_qkv(q, k, v):
 #     2  [B, T, H]  scalar/head     mLSTM (input gate folded into k by the caller)
 #     3  [B, T, H, K] per channel   GLA
 # Scalar gates (1, 2) commute with the matmuls: the kernels multiply whole rows or the
-# [BT, BT] score matrix after the dot. Per-channel gates (3) do not: exp(G_i - G_j) is a
+# [BT, BT] score matrix after the dot. Gates per position (2, 3) reach the kernels as their
+# chunk cumsums G, computed once by a parallel kernel and saved for the backward. Per-channel gates (3) do not: exp(G_i - G_j) is a
 # different factor in every key channel. Those kernels split the chunk into sub-chunks of
 # BC = 16 rows; a pair of different sub-chunks (I later than J) is one dot of
 # Q_I * exp(G_I - G_r) with K_J * exp(G_r - G_J), where r is the first row of I (both
@@ -174,22 +175,22 @@ _ADD_BC = 16  # sub-chunk rows for per-channel decays; tl.dot's smallest side
 
 
 @triton.jit
-def _add_scalar_gates(g, i_b, i_h, i_t, T, H: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr):
+def _add_scalar_gates(g, i_b, i_h, i_t, T, NT, H: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr):
     """(G [BT], G_L): cumulative log decay of one chunk for scalar gates (GATE 1 or 2), and its
     total. Rows past T count as g = 0, so G stays at G_L there.
 
-    A constant decay has G in closed form, g_h * (rows so far): no scan and no reduction on the
-    critical path of the sequential state kernels, which call this once a chunk.
+    No scan and no reduction here: the sequential state kernels call this once a chunk, on their
+    critical path. A constant decay (GATE 1, g [H]) has G in closed form, g_h * (rows so far);
+    a decay per position (GATE 2) comes as its chunk cumsums [B, NT * BT, H] (_add_chunk_cumsum,
+    padding rows repeating the chunk's total): two loads that do not wait on the loop.
     """
     o_i = tl.arange(0, BT)
     if GATE == 1:
         b_gh = tl.load(g + i_h).to(tl.float32)
         n = tl.minimum(T - i_t * BT, BT)  # rows of the chunk inside the sequence
         return b_gh * tl.minimum(o_i + 1, n).to(tl.float32), b_gh * n.to(tl.float32)
-    # g [B, T, H]: one log decay per position and head
-    o_t = i_t * BT + o_i
-    b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0).to(tl.float32)
-    return tl.cumsum(b_g, axis=0), tl.sum(b_g, axis=0)
+    p_g = g + (i_b.to(tl.int64) * NT * BT + i_t * BT) * H + i_h  # the chunk's first row
+    return tl.load(p_g + o_i * H), tl.load(p_g + (BT - 1) * H)
 
 
 @triton.jit
@@ -252,7 +253,7 @@ def _add_fwd_state_kernel(k, v, g, h0, hs, ht, T, Tp, NT,
             b_h *= tl.exp(b_gl)[:, None]
         elif GATE > 0:
             # scalar: decay the rows of v instead of k, one factor per position
-            b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)  # [BT], its total
+            b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, NT, H, BT, GATE)  # [BT], its total
             b_v = (b_v * tl.exp(b_gl - b_g)[:, None]).to(b_kt.dtype)
             b_h *= tl.exp(b_gl)
         b_h += tl.dot(b_kt, b_v)  # [BK, BT] @ [BT, BV]
@@ -291,7 +292,7 @@ def _add_fwd_out_kernel(q, k, v, g, hs, o, scale, T, NT,
         b_A += tl.dot(b_q, b_kt)  # [BT, BK] @ [BK, BT], intra-chunk scores
     m_A = o_i[:, None] >= o_i[None, :]  # causal, diagonal included
     if GATE > 0:
-        b_g, _ = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
+        b_g, _ = _add_scalar_gates(g, i_b, i_h, i_t, T, NT, H, BT, GATE)
         b_o *= tl.exp(b_g)[:, None]
         # masking the exponent (not the result) keeps exp away from positive numbers
         b_A *= tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
@@ -413,7 +414,7 @@ def _add_bwd_state_kernel(q, g, do, dht, dhs, dh0, scale, T, Tp, NT,
             b_qt = (b_qt * tl.exp(b_gt) * scale).to(b_do.dtype)
             b_dh *= tl.exp(b_gl)[:, None]
         elif GATE > 0:
-            b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
+            b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, NT, H, BT, GATE)
             b_do = (b_do * (tl.exp(b_g) * scale)[:, None]).to(b_qt.dtype)
             b_dh *= tl.exp(b_gl)
         else:
@@ -454,7 +455,7 @@ def _add_bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
         b_At += tl.dot(b_k, b_qt)  # [BT, BK] @ [BK, BT]
     m_A = o_i[:, None] <= o_i[None, :]  # key j feeds query i >= j
     if GATE > 0:
-        b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
+        b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, NT, H, BT, GATE)
         b_dv *= tl.exp(b_gl - b_g)[:, None]
         b_At *= tl.exp(tl.where(m_A, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
     else:
@@ -505,7 +506,7 @@ def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
             b_dgl += tl.sum(b_hn.to(tl.float32) * b_dh.to(tl.float32), axis=1)
     m_A = o_i[:, None] >= o_i[None, :]
     if GATE > 0:
-        b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, H, BT, GATE)
+        b_g, b_gl = _add_scalar_gates(g, i_b, i_h, i_t, T, NT, H, BT, GATE)
         b_dq *= tl.exp(b_g)[:, None]
         b_dk *= tl.exp(b_gl - b_g)[:, None]
         b_dA *= tl.exp(tl.where(m_A, b_g[:, None] - b_g[None, :], float("-inf")))
@@ -779,7 +780,10 @@ def _add_forward_states(k, v, gk, h0, gate, BT):
 
 
 def _add_chunk_cumsum(g, BT):
-    """Per-channel gates: chunk-local cumulative sums [B, NT*BT, H, K] in fp32."""
+    """Chunk-local cumulative sums in fp32 of a gate per position: [B, NT*BT, H, K] per channel,
+    [B, NT*BT, H] per head."""
+    if g.dim() == 3:
+        return _add_chunk_cumsum(g.unsqueeze(-1), BT).squeeze(-1)
     B, T, H, K = g.shape
     NT = triton.cdiv(T, BT)
     gc = torch.empty(B, NT * BT, H, K, device=g.device, dtype=torch.float32)
@@ -799,9 +803,9 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
     V = v.shape[-1]
     gate = _add_gate_kind(g, q)
     NT = triton.cdiv(T, BT)
-    # the gate as the kernels read it: fp32; per-channel gates as chunk cumsums
+    # the gate as the kernels read it: fp32; a gate per position as its chunk cumsums
     gk = q if gate == 0 else g.float().contiguous()  # GATE 0: q a placeholder pointer, never read
-    if gate == 3:
+    if gate >= 2:
         gk = _add_chunk_cumsum(gk, BT)
     hs, ht = _add_forward_states(k, v, gk, h0, gate, BT)
     o = torch.empty_like(v)
@@ -816,14 +820,14 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
         _add_fwd_out_kernel[(triton.cdiv(V, BV), NT, B * H)](
             q, k, v, gk, hs, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             GATE=gate, num_warps=_ADD_WARPS)
-    return o, ht, gk if gate == 3 else _absent(q)
+    return o, ht, gk if gate >= 2 else _absent(q)
 
 
 @_add_chunk_fwd.register_fake
 def _(q, k, v, g, h0, scale, BT, bounded):
     B, T, H, K = q.shape
-    per_channel = g is not None and g.dim() == 4
-    gc = q.new_empty(B, triton.cdiv(T, BT) * BT, H, K, dtype=torch.float32) if per_channel else _absent(q)
+    Tp = triton.cdiv(T, BT) * BT
+    gc = _absent(q) if g is None or g.dim() == 1 else q.new_empty((B, Tp, H, K)[:g.dim()], dtype=torch.float32)
     return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), gc
 
 
@@ -839,7 +843,7 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
     do = do.contiguous()
-    gk = q if gate == 0 else (gc if gate == 3 else g.float().contiguous())
+    gk = q if gate == 0 else (gc if gate >= 2 else g.float().contiguous())
     # 1) states entering each chunk, recomputed
     hs, _ = _add_forward_states(k, v, gk, h0, gate, BT)
     # 2) gradients of the states leaving each chunk, last chunk first
