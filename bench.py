@@ -4,7 +4,8 @@ PyTorch forms (mixers.py), the published kernels of the same recurrences (--peer
 FlashAttention (PyTorch SDPA).
 
 Correctness comes first: every kernel is checked against the chunked PyTorch form in fp32
-(outputs and every gradient) before anything is timed. Times are medians of
+(outputs and every gradient) before anything is timed. The timed backward takes the gradients
+the mixer's layer needs: RetNet's fixed decays get none, as in fla's chunk_retention. Times are medians of
 triton.testing.do_bench in bf16; rows are appended to --out as they finish. do_bench times a
 call as Python makes it, so a short kernel's column can be bound by the host (the custom-operator
 dispatch and the launches); the "graphed" columns replay the same forward and backward, ours, the
@@ -117,10 +118,16 @@ def call(fn, args):
     return fn(*args)[0]
 
 
-def fwd_bwd(fn, args, do=None):
+def fixed(name):
+    """How many of the mixer's last inputs it does not learn: RetNet's decays, one per head."""
+    return 1 if mixers.FAMILY[name][1] == "head_const" else 0
+
+
+def fwd_bwd(fn, args, do=None, fixed=0):
     """A closure that runs forward and backward (do: the output's gradient, random when None);
-    its inputs' .grad are reset by do_bench."""
-    leaves = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+    its inputs' .grad are reset by do_bench. The last `fixed` inputs take no gradient."""
+    n = len(args) - fixed
+    leaves = [a.detach().clone().requires_grad_(a.is_floating_point() and i < n) for i, a in enumerate(args)]
     if do is None:
         with torch.no_grad():
             do = torch.randn_like(fn(leaves))
@@ -150,7 +157,7 @@ def profile_kernels(name, shape, emit, steps=5):
     from torch.profiler import ProfilerActivity, profile
 
     args = make_inputs(name, *shape)
-    run, _ = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]))
+    run, _ = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]), fixed(name))
     for _ in range(3):  # compile and warm up outside the profile
         run()
     torch.cuda.synchronize()
@@ -249,7 +256,7 @@ def main():
             with torch.no_grad():
                 ms["fwd"] = do_bench(lambda: call(ours(name), args), return_mode="median")
             for key, fn in [("ours", ours(name)), ("torch", torch_form(name))]:
-                run, leaves = fwd_bwd(lambda x, fn=fn: call(fn, x), args, do)
+                run, leaves = fwd_bwd(lambda x, fn=fn: call(fn, x), args, do, fixed(name))
                 try:
                     ms[key] = do_bench(run, grad_to_none=leaves, return_mode="median")
                     if key == "ours":

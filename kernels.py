@@ -470,11 +470,11 @@ def _add_bwd_dv_kernel(q, k, g, do, dhs, dv, scale, T, NT,
 def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
                         H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        GATE: tl.constexpr):
+                        GATE: tl.constexpr, DG: tl.constexpr):
     """dQ, dK and the scalar gates' dg of one chunk (GATE 0, 1, 2), one key block.
 
     dg [NK, B, T, H] holds this key block's share of the gate gradient; the wrapper sums
-    the NK shares (one when K fits one block).
+    the NK shares (one when K fits one block). DG false: no dg (a gate that is not learned).
     """
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -501,7 +501,7 @@ def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
         b_dA += tl.dot(b_do, tl.trans(b_v))  # [BT, BV] @ [BV, BT]
         b_dq += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype))  # [BT, BV] @ [BV, BK]
         b_dk += tl.dot(b_v, tl.trans(b_dh).to(b_v.dtype))
-        if GATE > 0:
+        if DG:
             b_hn = tl.load(p_h + K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
             b_dgl += tl.sum(b_hn.to(tl.float32) * b_dh.to(tl.float32), axis=1)
     m_A = o_i[:, None] >= o_i[None, :]
@@ -519,7 +519,7 @@ def _add_bwd_dqk_kernel(q, k, v, g, do, hs, dhs, dq, dk, dg, scale, T, NT,
     b_dk += tl.dot(tl.trans(b_dA).to(b_q.dtype), b_q) * scale
     tl.store(dq + o_row[:, None] * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + o_row[:, None] * K + o_k[None, :], b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    if GATE > 0:
+    if DG:
         # dG_i = sum over channels of (q dq - k dk), then the reverse cumsum in the chunk
         b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)  # [BT]
         b_dg = tl.sum(b_dG, axis=0) - tl.cumsum(b_dG, axis=0) + b_dG + tl.sum(b_dgl, axis=0)
@@ -834,10 +834,11 @@ def _(q, k, v, g, h0, scale, BT, bounded):
 @_op("add_chunk_bwd")
 def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor], gc: torch.Tensor,
-                   scale: float, BT: int, bounded: bool
+                   scale: float, BT: int, bounded: bool, need_dg: bool
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dh0) from the output's and the final state's gradients (dht None: none);
-    dg absent without a gate, dh0 without an initial state. Recomputes the chunk states."""
+    dg absent without a gate or when not needed (a scalar gate then skips its work, RetNet's fixed
+    decay), dh0 without an initial state. Recomputes the chunk states."""
     gate = _add_gate_kind(g, q)
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -875,24 +876,25 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
         _add_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](
             q, k, gk, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             GATE=gate, num_warps=_ADD_WARPS)
-        dgc = torch.empty(NK, B, T, H, device=q.device, dtype=torch.float32) if gate else do  # do: placeholder
+        need_dg = need_dg and gate > 0
+        dgc = torch.empty(NK, B, T, H, device=q.device, dtype=torch.float32) if need_dg else do  # do: placeholder
         _add_bwd_dqk_kernel[(NK, NT, B * H)](
             q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT, H=H, K=K, V=V,
-            BT=BT, BK=BK, BV=BV, GATE=gate, num_warps=_ADD_WARPS)
-        if gate:
+            BT=BT, BK=BK, BV=BV, GATE=gate, DG=need_dg, num_warps=_ADD_WARPS)
+        if need_dg:
             dgc = dgc.sum(0)  # [B, T, H]: add the key blocks' shares
     dg = _absent(q)
-    if gate == 1:
-        dg = dgc.sum((0, 1)).to(g.dtype)  # one decay per head, used at every position
-    elif gate > 1:
+    if gate == 3 or (need_dg and gate == 2):
         dg = dgc.to(g.dtype)
+    elif need_dg and gate == 1:
+        dg = dgc.sum((0, 1)).to(g.dtype)  # one decay per head, used at every position
     return dq, dk, dv, dg, _absent(q) if dh0 is None else dh0
 
 
 @_add_chunk_bwd.register_fake
-def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded):
+def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded, need_dg):
     B, T, H, K = q.shape
-    dg = _absent(q) if g is None else g.new_empty(g.shape)
+    dg = g.new_empty(g.shape) if g is not None and (need_dg or g.dim() == 4) else _absent(q)
     dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg, dh0
 
@@ -906,8 +908,9 @@ def _add_chunk_setup(ctx, inputs, output):
 
 def _add_chunk_backward(ctx, do, dht, _):
     q, k, v, g, h0, gc = ctx.saved_tensors
-    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.bounded)
-    return dq, dk, dv, None if g is None else dg, None if h0 is None else dh0, None, None, None
+    need_dg = g is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.bounded, need_dg)
+    return dq, dk, dv, dg if need_dg else None, None if h0 is None else dh0, None, None, None
 
 
 _add_chunk_fwd.register_autograd(_add_chunk_backward, setup_context=_add_chunk_setup)

@@ -112,6 +112,23 @@ def test_state_hands_over(gate):
     assert rel(torch.cat(outs, 1), whole) < tol and rel(h, hw) < tol
 
 
+@pytest.mark.parametrize("gate", ["head_const", "head", "channel"])
+def test_a_fixed_gate_leaves_the_other_gradients_bit_for_bit(gate):
+    # a gate that is not learned (RetNet's decay) skips its gradient's work in the backward;
+    # dq, dk, dv and dh0 stay those of the same call with the gate learned, and g gets none
+    (q, k, v), g, h0 = make_inputs(gate, 2, 45, 2, 20, 17)
+    do = torch.randn(2, 45, 2, 17, generator=torch.Generator(DEV).manual_seed(1), device=DEV)
+    grads = {}
+    for learned in (True, False):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
+        gl = g.clone().requires_grad_(learned)
+        o, _ = kernels.chunk_decay_additive(*leaves[:3], gl, leaves[3], chunk_size=32)
+        o.backward(do)
+        grads[learned] = [x.grad for x in leaves]
+        assert (gl.grad is not None) == learned
+    assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
+
+
 def test_extreme_gates_stay_finite_and_exact():
     # log decays from -1e4 to 0 in neighbouring channels: exp(-G) would overflow in fp32
     (q, k, v), _, h0 = make_inputs("channel", 1, 40, 1, 16, 16)

@@ -223,7 +223,12 @@ def op_args(name):
     if name == "add_chunk_bwd-head":
         q, k, v, gh, h0 = (x.detach() for x in (q, k, v, gh, h0))
         _, _, gc = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16, False)
-        return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16, False)
+        return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16, False, True)
+    if name == "add_chunk_bwd-const-fixed":  # a decay that is not learned (RetNet's): no dg
+        q, k, v, h0 = (x.detach() for x in (q, k, v, h0))
+        g = logdecay(gen, H, grad=False)
+        _, _, gc = ops.add_chunk_fwd(q, k, v, g, h0, 0.3, 16, False)
+        return ops.add_chunk_bwd.default, (do, dht, q, k, v, g, h0, gc, 0.3, 16, False, False)
     if name == "delta_rule_fwd-channel":
         return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3, False)
     if name == "delta_rule_fwd-channel-bounded":  # the kernels' bounded path (logsigmoid gates are > -5)
@@ -252,6 +257,7 @@ def op_args(name):
 
 
 OPCHECKS = ["add_chunk_fwd-channel", "add_chunk_fwd-channel-bounded", "add_chunk_fwd-none", "add_chunk_fwd-const", "add_chunk_bwd-head",
+            "add_chunk_bwd-const-fixed",
             "delta_rule_fwd-channel", "delta_rule_fwd-channel-bounded", "delta_rule_fwd-none", "delta_rule_bwd-head", "recurrent_step_delta_rule",
             "short_conv_fwd", "norm_fwd", "log_decay_fwd-softplus", "log_decay_fwd-sigmoid", "distill_loss"]
 
