@@ -426,7 +426,7 @@ def main(argv=None):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev_type == "cuda" else [])
         prof = profile(activities=acts, schedule=schedule(wait=0, warmup=PROFILE_WARMUP, active=s.profile, repeat=1))
         s.max_iters, first, _ = max(s.max_iters, step + PROFILE_WARMUP + s.profile), step, prof.start()
-    t_last, step_last, ema = time.time(), step, None
+    t_last, step_last, ema, lines = time.time(), step, None, 0
     while step < s.max_iters:
         # the learning rate is a function of the step alone (so resuming needs no schedule state)
         lr = lr_at(step, s)
@@ -480,7 +480,10 @@ def main(argv=None):
             now = time.time()
             dt = (now - t_last) / (step - step_last)  # seconds per step since the last line
             t_last, step_last = now, step
-            ema = dt if ema is None else 0.9 * ema + 0.1 * dt  # smoothed, for the ETA
+            # smoothed, for the ETA; the first interval holds compilation and warm-up, so the
+            # second one seeds it again
+            ema = dt if ema is None or lines == 1 else 0.9 * ema + 0.1 * dt
+            lines += 1
             tok_s = tokens_per_step / dt  # all GPUs together
             mfu = f"{flops_tok * tok_s / (world * s.peak_tflops * 1e12):.1%}" if s.peak_tflops > 0 else "-"
             bar = "#" * (20 * step // s.max_iters)
