@@ -161,8 +161,10 @@ def settings(argv):
             check(getattr(s, key))
         except ValueError as e:
             fail(f"--{key}={getattr(s, key)!r}: {e}")
-    if s.softmax_layers and not all(i.strip().isdigit() for i in s.softmax_layers.split(",")):
-        fail(f"--softmax_layers={s.softmax_layers!r}: expected layer numbers such as 7,15,23")
+    try:
+        M.check_softmax_layers(s.softmax_layers)
+    except ValueError as e:
+        fail(f"--softmax_layers={s.softmax_layers!r}: {e}")
     for key, ok, want in RANGES:
         if not ok(getattr(s, key)):
             fail(f"--{key}={getattr(s, key)!r}: expected {want}")
@@ -244,7 +246,10 @@ def build_student(s, teacher, resuming):
         src = s.init_from
     elif start == "teacher":
         torch.manual_seed(s.seed)  # the mixers' new weights
-        hybrid = tuple(int(i) for i in s.softmax_layers.split(",")) if s.softmax_layers else ()
+        try:
+            hybrid = M.check_softmax_layers(s.softmax_layers, teacher.config.n_layer)
+        except ValueError as e:
+            fail(f"--softmax_layers={s.softmax_layers!r}: {e}")
         try:
             return checkpoint.student_from_teacher(teacher, s.mixer, softmax_layers=hybrid, window=s.window,
                                                    short_conv=s.short_conv)

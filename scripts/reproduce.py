@@ -299,6 +299,16 @@ def check_settings(args):
     for key in ("batch_size", "block_size", "grad_accum"):
         if given.get(key, 1) < 1:
             sys.exit(f"reproduce.py: --extra: --{key}={given[key]}: expected an integer >= 1")
+    if args.softmax_layers:  # against the teacher's layers, before a results file is written
+        import checkpoint
+        import model as M
+
+        try:
+            M.check_softmax_layers(args.softmax_layers)
+            teacher = given.get("teacher", train.Settings.teacher)
+            M.check_softmax_layers(args.softmax_layers, checkpoint.read(teacher)[0].n_layer)
+        except ValueError as e:
+            sys.exit(f"reproduce.py: --softmax_layers={args.softmax_layers!r}: {e}")
     return given
 
 

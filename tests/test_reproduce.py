@@ -142,6 +142,15 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
         proc = run([a for a in fresh if not a.startswith(bad.split("=")[0] + "=")] + [bad], timeout=120)
         assert proc.returncode == 1 and says in proc.stderr.strip().splitlines()[-1], (bad, proc.stderr)
         assert not os.path.exists(tmp_path / "gla" / "stage1.log")  # refused before any step
+    import checkpoint
+
+    n = checkpoint.read(str(d / "t.pt"))[0].n_layer  # a hybrid's layers are checked against the teacher's
+    proc = run([a for a in fresh if not a.startswith("--mixer")] + ["--mixer=gated_deltanet", f"--softmax_layers=0,{n}",
+                                                                  "--name=hybrid"], timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"reproduce.py: --softmax_layers='0,{n}': the teacher has {n} "
+                                                    f"layers, numbered 0 to {n - 1}")
+    assert not os.path.exists(tmp_path / "hybrid.json") and not os.path.exists(tmp_path / "hybrid")
 
 
 def test_a_run_cut_short_keeps_its_numbers_and_names_what_is_missing(tiny, tmp_path):

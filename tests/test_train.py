@@ -295,6 +295,9 @@ def test_chat_windows_start_at_conversations_and_mask_targets(setup):
     (dict(stage="2", out_dir="EMPTY"), ["stage1.pt not found", f"python train.py --mixer={MIXER} --stage=1"]),
     (dict(data_dir="NOWHERE"), ["NOWHERE/train.bin not found"]),
     (dict(teacher="NOWHERE/t.pt"), ["--teacher=NOWHERE/t.pt", "no such file"]),
+    (dict(softmax_layers="0,2"), ["--softmax_layers='0,2'", "the teacher has 2 layers, numbered 0 to 1"]),
+    (dict(softmax_layers="1,1"), ["--softmax_layers='1,1'", "a layer is named twice"]),
+    (dict(softmax_layers="x"), ["--softmax_layers='x'", "such as 7,15,23"]),
 ])
 def test_bad_settings_stop_with_a_readable_message(setup, tmp_path, bad, says):
     bad = {k: str(v).replace("EMPTY", str(tmp_path / "empty")).replace("NOWHERE", str(tmp_path / "nowhere"))
