@@ -144,11 +144,12 @@ def _check_qkv(q, k, v):
 #     3  [B, T, H, K] per channel   GLA
 # Scalar gates (1, 2) commute with the matmuls: the kernels multiply whole rows or the
 # [BT, BT] score matrix after the dot. Gates per position (2, 3) reach the kernels as their
-# chunk cumsums G, computed once by a parallel kernel and saved for the backward. Per-channel gates (3) do not: exp(G_i - G_j) is a
-# different factor in every key channel. Those kernels split the chunk into sub-chunks of
-# BC = 16 rows; a pair of different sub-chunks (I later than J) is one dot of
-# Q_I * exp(G_I - G_r) with K_J * exp(G_r - G_J), where r is the first row of I (both
-# factors <= 1). A diagonal sub-chunk (J = I) takes one of two paths, a constexpr BOUNDED:
+# chunk cumsums G, computed once by a parallel kernel and saved for the backward.
+# Per-channel gates (3) do not commute: exp(G_i - G_j) is a different factor in every key
+# channel. Those kernels split the chunk into sub-chunks of BC = 16 rows; a pair of different
+# sub-chunks (I later than J) is one dot of Q_I * exp(G_I - G_r) with K_J * exp(G_r - G_J),
+# where r is the first row of I (both factors <= 1). A diagonal sub-chunk (J = I) takes one
+# of two paths, a constexpr BOUNDED:
 #     0  any gates: summed exactly in fp32, one key row at a time (BC steps, no tensor cores)
 #     1  the caller guarantees g >= gate_min with -gate_min * (BC - 1) <= SPAN_MAX: one dot of the
 #        same form and r, Q_I * exp(G_I - G_r) <= 1 with K_I * exp(G_r - G_I) <= e^80 (under
