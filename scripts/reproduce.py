@@ -303,10 +303,13 @@ def check_settings(args):
         import checkpoint
         import model as M
 
+        teacher = given.get("teacher", train.Settings.teacher)
         try:
-            M.check_softmax_layers(args.softmax_layers)
-            teacher = given.get("teacher", train.Settings.teacher)
-            M.check_softmax_layers(args.softmax_layers, checkpoint.read(teacher)[0].n_layer)
+            n_layer = checkpoint.read(teacher)[0].n_layer
+        except (OSError, ValueError) as e:
+            sys.exit(f"reproduce.py: --extra: --teacher={teacher}: {str(e).splitlines()[0]}")
+        try:
+            M.check_softmax_layers(args.softmax_layers, n_layer)
         except ValueError as e:
             sys.exit(f"reproduce.py: --softmax_layers={args.softmax_layers!r}: {e}")
     return given

@@ -151,6 +151,11 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
     assert proc.stderr.strip().splitlines()[-1] == (f"reproduce.py: --softmax_layers='0,{n}': the teacher has {n} "
                                                     f"layers, numbered 0 to {n - 1}")
     assert not os.path.exists(tmp_path / "hybrid.json") and not os.path.exists(tmp_path / "hybrid")
+    nowhere = tmp_path / "nowhere.pt"  # a teacher that cannot be read: one line, not a traceback
+    proc = run([a for a in fresh if not a.startswith(("--mixer", "--extra"))]
+               + ["--mixer=gated_deltanet", "--softmax_layers=0", "--name=hybrid", f"--extra=--teacher={nowhere}"], timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"reproduce.py: --extra: --teacher={nowhere}: ")
 
 
 def test_a_run_cut_short_keeps_its_numbers_and_names_what_is_missing(tiny, tmp_path):
