@@ -5,8 +5,8 @@ FlashAttention (PyTorch SDPA).
 
 Correctness comes first: every kernel is checked against the chunked PyTorch form in fp32
 (outputs and every gradient) before anything is timed. The timed backward takes the gradients
-the mixer's layer needs: RetNet's fixed decays get none, as in fla's chunk_retention. Times are medians of
-triton.testing.do_bench in bf16; rows are appended to --out as they finish. do_bench times a
+the mixer's layer needs: RetNet's fixed decays get none, as in fla's chunk_retention. Times
+are medians of triton.testing.do_bench in bf16; rows are appended to --out as they finish. do_bench times a
 call as Python makes it, so a short kernel's column can be bound by the host (the custom-operator
 dispatch and the launches); the "graphed" columns replay the same forward and backward, ours, the
 peer's and FlashAttention's, from a CUDA graph (triton.testing.do_bench_cudagraph), which leaves
@@ -118,7 +118,7 @@ def call(fn, args):
     return fn(*args)[0]
 
 
-def fixed(name):
+def n_fixed(name):
     """How many of the mixer's last inputs it does not learn: RetNet's decays, one per head."""
     return 1 if mixers.FAMILY[name][1] == "head_const" else 0
 
@@ -157,7 +157,7 @@ def profile_kernels(name, shape, emit, steps=5):
     from torch.profiler import ProfilerActivity, profile
 
     args = make_inputs(name, *shape)
-    run, _ = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]), fixed(name))
+    run, _ = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]), n_fixed(name))
     for _ in range(3):  # compile and warm up outside the profile
         run()
     torch.cuda.synchronize()
@@ -256,7 +256,7 @@ def main():
             with torch.no_grad():
                 ms["fwd"] = do_bench(lambda: call(ours(name), args), return_mode="median")
             for key, fn in [("ours", ours(name)), ("torch", torch_form(name))]:
-                run, leaves = fwd_bwd(lambda x, fn=fn: call(fn, x), args, do, fixed(name))
+                run, leaves = fwd_bwd(lambda x, fn=fn: call(fn, x), args, do, n_fixed(name))
                 try:
                     ms[key] = do_bench(run, grad_to_none=leaves, return_mode="median")
                     if key == "ours":

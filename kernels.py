@@ -841,6 +841,7 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
     dg absent without a gate or when not needed (a scalar gate then skips its work, RetNet's fixed
     decay), dh0 without an initial state. Recomputes the chunk states."""
     gate = _add_gate_kind(g, q)
+    need_dg = need_dg and gate > 0
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, BT)
@@ -877,7 +878,6 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
         _add_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](
             q, k, gk, do, dhs, dv, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             GATE=gate, num_warps=_ADD_WARPS)
-        need_dg = need_dg and gate > 0
         dgc = torch.empty(NK, B, T, H, device=q.device, dtype=torch.float32) if need_dg else do  # do: placeholder
         _add_bwd_dqk_kernel[(NK, NT, B * H)](
             q, k, v, gk, do, hs, dhs, dq, dk, dgc, scale, T, NT, H=H, K=K, V=V,
@@ -885,17 +885,15 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
         if need_dg:
             dgc = dgc.sum(0)  # [B, T, H]: add the key blocks' shares
     dg = _absent(q)
-    if gate == 3 or (need_dg and gate == 2):
-        dg = dgc.to(g.dtype)
-    elif need_dg and gate == 1:
-        dg = dgc.sum((0, 1)).to(g.dtype)  # one decay per head, used at every position
+    if need_dg:  # gate 1: one decay per head, used at every position
+        dg = (dgc.sum((0, 1)) if gate == 1 else dgc).to(g.dtype)
     return dq, dk, dv, dg, _absent(q) if dh0 is None else dh0
 
 
 @_add_chunk_bwd.register_fake
 def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded, need_dg):
     B, T, H, K = q.shape
-    dg = g.new_empty(g.shape) if g is not None and (need_dg or g.dim() == 4) else _absent(q)
+    dg = g.new_empty(g.shape) if g is not None and need_dg else _absent(q)
     dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg, dh0
 
