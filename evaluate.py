@@ -133,20 +133,26 @@ def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048):
         enc.append((ids, len(x)))
         rows.setdefault(tuple(ids[:-1]), []).append(i)  # the input; the last token is only a target
     inputs = sorted(rows, key=len, reverse=True)  # similar lengths share a batch
-    out = [None] * len(enc)
+    out = [(0.0, True)] * len(enc)  # an empty continuation: log p 0, greedy
     for b in range(0, len(inputs), batch_size):
         batch = inputs[b:b + batch_size]
         x = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
+        who, row, pos, target = [], [], [], []  # one entry per scored token of the batch
         for r, inp in enumerate(batch):  # right padding: a causal model never looks at it
             x[r, :len(inp)] = torch.tensor(inp)
-        logp = F.log_softmax(net(x.to(device)).float(), -1)  # (B, T, V)
-        for r, inp in enumerate(batch):
             for i in rows[inp]:
                 ids, n = enc[i]
-                pos = torch.arange(len(ids) - 1 - n, len(ids) - 1, device=device)  # positions predicting the continuation
-                target = torch.tensor(ids[len(ids) - n:], device=device)
-                lp = logp[r, pos].gather(-1, target[:, None]).sum().item()
-                out[i] = (lp, bool((logp[r, pos].argmax(-1) == target).all()))
+                who += [i] * n
+                row += [r] * n
+                pos += range(len(ids) - 1 - n, len(ids) - 1)  # positions predicting the continuation
+                target += ids[len(ids) - n:]
+        logits = net(x.to(device))[torch.tensor(row, device=device), torch.tensor(pos, device=device)]
+        logp = F.log_softmax(logits.float(), -1)  # (scored tokens, V): only the rows scored
+        t = torch.tensor(target, device=device)
+        lp, hit = logp.gather(-1, t[:, None])[:, 0], logp.argmax(-1) == t
+        lp, hit = lp.tolist(), hit.tolist()  # one transfer a batch
+        for i, p, h in zip(who, lp, hit):
+            out[i] = (out[i][0] + p, out[i][1] and h)
     return out
 
 
