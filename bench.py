@@ -7,10 +7,11 @@ Correctness comes first: every kernel is checked against the chunked PyTorch for
 (outputs and every gradient) before anything is timed. The timed backward takes the gradients
 the mixer's layer needs: RetNet's fixed decays get none, as in fla's chunk_retention. Times
 are medians of triton.testing.do_bench in bf16; rows are appended to --out as they finish.
-do_bench times a call as Python makes it, so a short kernel's column can be bound by the host (the custom-operator
-dispatch and the launches); the "graphed" columns replay the same forward and backward, ours, the
-peer's and FlashAttention's, from a CUDA graph (triton.testing.do_bench_cudagraph), which leaves
-the device time alone. The kernels are compared on those; the eager ratio shows the host's share.
+do_bench times a call as Python makes it, so a short kernel's column can be bound by the host
+(the custom-operator dispatch and the launches); the "graphed" columns replay the same forward
+and backward, ours, the peer's and FlashAttention's, from a CUDA graph
+(triton.testing.do_bench_cudagraph), which leaves the device time alone. The kernels are
+compared on those; the eager ratio shows the host's share.
 
     python bench.py                                  # all mixers, the three shapes below
     python bench.py --mixers=gla,kda --shapes=8x4096x16x64 --peers

@@ -487,7 +487,7 @@ def main(argv=None):
             t_last, step_last = now, step
             # smoothed, for the ETA; the first interval holds compilation and warm-up, so the
             # second one seeds it again
-            ema = dt if ema is None or lines == 1 else 0.9 * ema + 0.1 * dt
+            ema = dt if lines < 2 else 0.9 * ema + 0.1 * dt
             lines += 1
             tok_s = tokens_per_step / dt  # all GPUs together
             mfu = f"{flops_tok * tok_s / (world * s.peak_tflops * 1e12):.1%}" if s.peak_tflops > 0 else "-"
