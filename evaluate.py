@@ -6,6 +6,7 @@ held-out text, the study's zero-shot tasks with 95% confidence intervals, and te
     python evaluate.py --init_from=out/gated_deltanet/stage3.pt    # a student, against the teacher
     python evaluate.py --mixer=gla --mc_limit=50                   # an untrained student (smoke test)
     python evaluate.py --mc_source=hub --mc_limit=0                # the same tasks from the hub, all
+    python evaluate.py --init_from=S.pt --teacher_eval=earlier.json   # the teacher's scores from an earlier --out
 
 Held-out text: perplexity = exp of the mean next-token cross-entropy over windows of --seq_len
 tokens of --data (default data/modern/val.bin). KL: mean over predicted positions of
@@ -32,6 +33,10 @@ over questions (1,000 resamples, seed 0, each task resampled on its own); for re
 bootstrap with teacher and student resampled together, question by question (paired), so that
 what the two models share does not count as noise. LAMBADA's perplexity has no interval.
 --mc_limit keeps an evenly spaced subset of every task, the same questions for both models.
+--teacher_eval takes the teacher's task scores from an earlier --out of the same settings (a
+student's, or the teacher's own) instead of measuring them again: the teacher is fixed, and
+they are half of a student's evaluation. Its held-out loss is still measured (KL needs the
+teacher's predictions there) and must agree with the file's, or the run stops.
 
 References: What Matters in Linearizing Language Models? arXiv 2504.14366 (tasks, recovery);
 EleutherAI lm-evaluation-harness (prompts, acc, acc_norm, LAMBADA); AI2's OLMo in-loop evaluation
@@ -77,6 +82,8 @@ def get_args(argv=None):
     p.add_argument("--mc_limit", type=int, default=0 if cuda else 50, help="questions per task, evenly spaced (0 = all)")
     p.add_argument("--batch_size", type=int, default=32 if cuda else 4)
     p.add_argument("--out", default=None, help="write the results here as JSON")
+    p.add_argument("--teacher_eval", default=None, help="an earlier --out with these settings: the teacher's "
+                   "task scores are read from it, not measured again")
     args = p.parse_args(argv)
     args.task_list = [t for t in args.tasks.split(",") if t]
     if args.mc_limit < 0:
@@ -100,7 +107,7 @@ def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
     n = min(max_windows, (len(data) - 1) // seq_len)
     starts = np.linspace(0, len(data) - seq_len - 1, n).astype(np.int64)
     device = next(net.parameters()).device
-    nll = kl = 0.0
+    nll = kl = t_nll = 0.0
     for b in range(0, n, batch_size):
         x = torch.stack([torch.from_numpy(np.asarray(data[s:s + seq_len + 1], dtype=np.int64)) for s in starts[b:b + batch_size]])
         x = x.to(device)  # (B, T + 1): inputs x[:, :-1], targets x[:, 1:]
@@ -109,10 +116,12 @@ def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
         if teacher is not None:
             logq = F.log_softmax(teacher(x[:, :-1]).float(), -1)  # teacher's log probabilities
             kl += (logq.exp() * (logq - logp)).sum().item()  # summed over vocabulary and positions
+            t_nll -= logq.gather(-1, x[:, 1:, None]).sum().item()
     tokens = n * seq_len
     out = {"tokens": tokens, "loss": nll / tokens, "ppl": float(np.exp(nll / tokens))}
     if teacher is not None:
         out["kl"] = kl / tokens  # per token (the study's code summed over positions: see distill.kl_per_token)
+        out["teacher_loss"] = t_nll / tokens
     return out
 
 
@@ -329,8 +338,9 @@ def load_tasks(args):
     return tasks
 
 
-def evaluate(net, tok, args, data, tasks, teacher=None):
-    res = {"lm": lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)}
+def evaluate(net, tok, args, data, tasks, teacher=None, lm=None):
+    """{'lm', task: ...} of net; lm: its held-out numbers when already measured."""
+    res = {"lm": lm or lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)}
     for task, qs in tasks.items():
         if "continuation" in qs[0]:  # a cloze task: LAMBADA
             res[task] = cloze(net, tok, qs, args.batch_size)
@@ -340,6 +350,32 @@ def evaluate(net, tok, args, data, tasks, teacher=None):
             msg = f"acc {res[task]['acc']['score']:.3f}, acc_norm {res[task]['acc_norm']['score']:.3f}"
         print(f"  {task}: {msg} ({res[task]['n']} questions)", file=sys.stderr)
     return res
+
+
+# the settings that decide a model's numbers; a --teacher_eval file must share them
+SAME = ("data", "seq_len", "max_windows", "mc_source", "mc_dir", "mc_limit", "batch_size", "device", "dtype")
+
+
+def read_teacher_eval(args):
+    """The teacher's results {'lm', task: ...} in args.teacher_eval, an earlier --out (of a
+    student, under "teacher", or of the teacher itself, under "model"); ValueError unless they
+    were measured with this run's teacher, settings and tasks."""
+    path = args.teacher_eval
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        s = d["settings"]
+        res, who = (d["teacher"], s["teacher"]) if "teacher" in d else (d["model"], s["init_from"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--teacher_eval={path}: not an evaluate.py --out file ({type(e).__name__}: {e})") from None
+    if who != args.teacher:
+        raise ValueError(f"--teacher_eval={path}: its teacher is {who!r}, this run's --teacher={args.teacher!r}")
+    for key in SAME:
+        if s.get(key) != getattr(args, key):
+            raise ValueError(f"--teacher_eval={path}: measured with --{key}={s.get(key)}, this run has --{key}={getattr(args, key)}")
+    if missing := [t for t in args.task_list if t not in res]:
+        raise ValueError(f"--teacher_eval={path}: has no {', '.join(missing)}")
+    return {k: res[k] for k in ["lm"] + args.task_list}
 
 
 def main(argv=None):
@@ -355,6 +391,7 @@ def main(argv=None):
             raise ValueError(f"{args.data}: {n} tokens, fewer than one window of --seq_len={args.seq_len}")
         if args.out:
             checkpoint.check_writable(os.path.dirname(args.out), f"--out={args.out}")
+        cached = read_teacher_eval(args) if args.teacher_eval else None
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     torch.manual_seed(0)  # an untrained student's new layers: the same draws every run
@@ -365,16 +402,28 @@ def main(argv=None):
         if teacher is not None and teacher.config.mixer != "attention":
             raise ValueError(f"--teacher={args.teacher} holds a {teacher.config.mixer} student, not a softmax-attention "
                              f"teacher ('none' skips the teacher)")
+        if cached is not None and teacher is None:
+            raise ValueError(f"--teacher_eval={args.teacher_eval}: needs a student and a teacher to compare it with")
         data = read_tokens(args.data, net.config.vocab_size)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     label = args.mixer or args.init_from
     print(f"evaluating {label} ({net.config.mixer})", file=sys.stderr)
     tasks = load_tasks(args)
-    results = {"model": evaluate(net, tok, args, data, tasks, teacher)}
-    if teacher is not None:
-        print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
-        results["teacher"] = evaluate(teacher, tok, args, data, tasks)
+    if cached is not None:  # the held-out pass first: it checks the file's teacher is this one
+        lm = lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)
+        here, there = lm["teacher_loss"], cached["lm"]["loss"]
+        if not math.isclose(here, there, rel_tol=1e-4):
+            sys.exit(f"error: --teacher_eval={args.teacher_eval}: the teacher's held-out loss there is {there:.6f}, "
+                     f"here {here:.6f}: another teacher or other code; evaluate the teacher again (drop --teacher_eval)")
+        results = {"model": evaluate(net, tok, args, data, tasks, lm=lm)}
+        print(f"the teacher {args.teacher}: task scores from {args.teacher_eval}", file=sys.stderr)
+        results["teacher"] = cached
+    else:
+        results = {"model": evaluate(net, tok, args, data, tasks, teacher)}
+        if teacher is not None:
+            print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
+            results["teacher"] = evaluate(teacher, tok, args, data, tasks)
     lm = results["model"]["lm"]
     print(f"\nheld-out {lm['tokens']:,} tokens: loss {lm['loss']:.4f}, ppl {lm['ppl']:.2f}"
           + (f", KL to teacher {lm['kl']:.4f} nats/token (teacher ppl {results['teacher']['lm']['ppl']:.2f})" if teacher else ""))

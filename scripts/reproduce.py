@@ -25,7 +25,9 @@ train.py from that stage's last checkpoint. The run's JSON is written when it st
 every step, so a run cut short keeps what it measured; its "incomplete" names the steps to run.
 Evaluation: perplexity and KL to the teacher on held-out text (data/modern/val.bin), the study's
 six tasks with recovery (--mc_limit questions each), and needle in a haystack (--niah: the
-passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length).
+passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length). The teacher's
+task scores are measured in the evaluation after stage 3 and read back from it after SFT
+(evaluate.py --teacher_eval), which checks that the teacher's held-out loss agrees.
 """
 
 import argparse
@@ -206,10 +208,13 @@ def write_results(path, result, pipe, args, ckpt, t0):
     write_json(path, r)
 
 
-def measure(pipe, tag, model, args, py):
-    """Steps eval_<tag> and niah_<tag> on checkpoint `model`."""
+def measure(pipe, tag, model, args, py, teacher_eval=None):
+    """Steps eval_<tag> and niah_<tag> on checkpoint `model`; teacher_eval: an earlier evaluation
+    of this run, to take the teacher's task scores from (evaluate.py --teacher_eval)."""
     ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
     teacher = ["--teacher=none"] if model == "default" else []
+    if teacher_eval and os.path.exists(teacher_eval):
+        teacher.append(f"--teacher_eval={teacher_eval}")
     evaluation, niah = eval_args(args), words("--niah", args.niah)
     pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + evaluation + [f"--out={ev}"] + teacher,
               key=evaluation)
@@ -456,7 +461,7 @@ def main(argv=None):
             pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
                 measure(pipe, "stage3", ckpt["3"], args, py)
-        measure(pipe, "sft", ckpt["sft"], args, py)
+        measure(pipe, "sft", ckpt["sft"], args, py, os.path.join(pipe.dir, "stage3.eval.json"))
     write_results(out, result, pipe, args, ckpt, t0)
     print(f"wrote {out}")
 

@@ -276,6 +276,34 @@ def test_teacher_student_table_through_the_command_line(tmp_path, capsys):
     assert res["model"]["lm"]["kl"] > 0 and "kl" not in res["teacher"]["lm"]
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["model"]["toy"]["acc"]["hits"] == m["acc"]["hits"] and saved["summary"]["avg_of"] == ["lambada"]
+    assert res["model"]["lm"]["teacher_loss"] == pytest.approx(res["teacher"]["lm"]["loss"], rel=1e-6)
+
+    # --teacher_eval: the teacher's task scores read back from that file, the same table, and
+    # the teacher never scored on a task again
+    argv = [f"--init_from={s_ckpt}", f"--teacher={t_ckpt}", f"--data={tmp_path / 'val.bin'}", "--seq_len=32",
+            "--max_windows=2", "--tasks=lambada,toy", f"--mc_dir={tmp_path}", "--batch_size=4", "--mc_limit=3"]
+    scored = []
+    real_mc = E.mc_accuracy
+    E.mc_accuracy = lambda net, *a: scored.append(net) or real_mc(net, *a)
+    try:
+        again = E.main(argv + [f"--teacher_eval={tmp_path / 'r.json'}"])
+    finally:
+        E.mc_accuracy = real_mc
+    assert len(scored) == 1 and scored[0].config.mixer == "gla"  # the student alone
+    assert again["teacher"] == {k: saved["teacher"][k] for k in ("lm", "lambada", "toy")}
+    assert json.dumps([again["model"], again["summary"]]) == json.dumps([res["model"], res["summary"]])  # NaN too
+    # a file of other settings, or of another teacher, stops the run with one line
+    for extra, says in ((["--mc_limit=2"], "measured with --mc_limit=3, this run has --mc_limit=2"),
+                        (["--teacher=default"], "its teacher is"),
+                        (["--tasks=lambada,toy,piqa"], "has no piqa")):
+        with pytest.raises(SystemExit) as e:
+            E.main(argv + extra + [f"--teacher_eval={tmp_path / 'r.json'}"])
+        assert says in e.value.code and "\n" not in e.value.code
+    saved["teacher"]["lm"]["loss"] *= 1.01  # the same settings, but not this teacher's numbers
+    (tmp_path / "other.json").write_text(json.dumps(saved))
+    with pytest.raises(SystemExit) as e:
+        E.main(argv + [f"--teacher_eval={tmp_path / 'other.json'}"])
+    assert "the teacher's held-out loss there is" in e.value.code and "evaluate the teacher again" in e.value.code
 
 
 def test_bad_input_stops_with_one_line(tmp_path):

@@ -108,6 +108,11 @@ def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
         assert ev["model"]["lm"]["ppl"] > 1 and ev["model"]["lm"]["kl"] > 0
         assert set(ev["summary"]["recovery"]) >= {"arc_easy", "piqa", "avg"}
         assert set(r[after]["niah"]["s_niah_1"]) == {"128"}
+    # the teacher's task scores after SFT are read back from the evaluation after stage 3
+    d = tiny[0]
+    assert r["after_sft"]["eval"]["teacher"] == r["after_stage3"]["eval"]["teacher"]
+    assert "task scores from" in open(d / "work" / "gla" / "eval_sft.log").read()
+    assert "evaluating the teacher" in open(d / "work" / "gla" / "eval_stage3.log").read()
     # SFT changed the student: its held-out perplexity moved
     assert r["after_sft"]["eval"]["model"]["lm"]["ppl"] != r["after_stage3"]["eval"]["model"]["lm"]["ppl"]
     assert set(r["seconds"]) == {"stage1", "stage2", "stage3", "eval_stage3", "niah_stage3", "stagesft",
