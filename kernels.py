@@ -994,8 +994,8 @@ _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
 # backward with a gate or at Dk > 64, and the in-chunk backward at Dk > 64 (one program a chunk
 # for gates 0-2, a sub-chunk's rows against the whole chunk for bounded KDA gates). Not where
-# nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
-# fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
+# nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of fwd+bwd at 4 warps and 2.19
+# at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
 _DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
