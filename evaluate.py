@@ -103,7 +103,8 @@ def get_args(argv=None):
 
 @torch.no_grad()
 def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
-    """{'tokens', 'loss', 'ppl'[, 'kl']} over up to max_windows evenly spaced windows of data."""
+    """{'tokens', 'loss', 'ppl'[, 'kl', 'teacher_loss']} over up to max_windows evenly spaced
+    windows of data."""
     n = min(max_windows, (len(data) - 1) // seq_len)
     starts = np.linspace(0, len(data) - seq_len - 1, n).astype(np.int64)
     device = next(net.parameters()).device
@@ -338,9 +339,9 @@ def load_tasks(args):
     return tasks
 
 
-def evaluate(net, tok, args, data, tasks, teacher=None, lm=None):
-    """{'lm', task: ...} of net; lm: its held-out numbers when already measured."""
-    res = {"lm": lm or lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)}
+def evaluate(net, tok, args, data, tasks, lm):
+    """{'lm', task: ...} of net; lm: its held-out numbers (lm_metrics)."""
+    res = {"lm": lm}
     for task, qs in tasks.items():
         if "continuation" in qs[0]:  # a cloze task: LAMBADA
             res[task] = cloze(net, tok, qs, args.batch_size)
@@ -410,21 +411,20 @@ def main(argv=None):
     label = args.mixer or args.init_from
     print(f"evaluating {label} ({net.config.mixer})", file=sys.stderr)
     tasks = load_tasks(args)
-    if cached is not None:  # the held-out pass first: it checks the file's teacher is this one
-        lm = lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)
-        here, there = lm["teacher_loss"], cached["lm"]["loss"]
-        if not math.isclose(here, there, rel_tol=1e-4):
-            sys.exit(f"error: --teacher_eval={args.teacher_eval}: the teacher's held-out loss there is {there:.6f}, "
-                     f"here {here:.6f}: another teacher or other code; evaluate the teacher again (drop --teacher_eval)")
-        results = {"model": evaluate(net, tok, args, data, tasks, lm=lm)}
+    # the held-out pass first, the teacher's too (for the KL): it checks a --teacher_eval file
+    lm = lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)
+    if cached is not None and not math.isclose(lm["teacher_loss"], cached["lm"]["loss"], rel_tol=1e-4):
+        sys.exit(f"error: --teacher_eval={args.teacher_eval}: the teacher's held-out loss there is "
+                 f"{cached['lm']['loss']:.6f}, here {lm['teacher_loss']:.6f}: another teacher or other code; "
+                 f"evaluate the teacher again (drop --teacher_eval)")
+    results = {"model": evaluate(net, tok, args, data, tasks, lm)}
+    if cached is not None:
         print(f"the teacher {args.teacher}: task scores from {args.teacher_eval}", file=sys.stderr)
         results["teacher"] = cached
-    else:
-        results = {"model": evaluate(net, tok, args, data, tasks, teacher)}
-        if teacher is not None:
-            print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
-            results["teacher"] = evaluate(teacher, tok, args, data, tasks)
-    lm = results["model"]["lm"]
+    elif teacher is not None:  # its held-out numbers come from the pass above
+        print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
+        t_lm = {"tokens": lm["tokens"], "loss": lm["teacher_loss"], "ppl": float(np.exp(lm["teacher_loss"]))}
+        results["teacher"] = evaluate(teacher, tok, args, data, tasks, t_lm)
     print(f"\nheld-out {lm['tokens']:,} tokens: loss {lm['loss']:.4f}, ppl {lm['ppl']:.2f}"
           + (f", KL to teacher {lm['kl']:.4f} nats/token (teacher ppl {results['teacher']['lm']['ppl']:.2f})" if teacher else ""))
     if args.task_list:
