@@ -992,10 +992,9 @@ _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
 _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
-# backward with a gate or at Dk > 64, and the in-chunk backward at Dk > 64 (one program a chunk
-# for gates 0-2, a sub-chunk's rows against the whole chunk for bounded KDA gates). Not where
-# nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of fwd+bwd at 4 warps and 2.19
-# at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
+# backward with a gate or at Dk > 64, and the in-chunk backward of one program a chunk (gates
+# 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
+# fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
 _DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
@@ -1592,77 +1591,51 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
         # references: first row of s for row-side sums, last row of s for column-side sums
         b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
         b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, GATE)
+        b_rp = tl.zeros([BC, BK], dtype=tl.float32)
+        b_ra = tl.zeros([BC, BK], dtype=tl.float32)
+        b_cp = tl.zeros([BC, BK], dtype=tl.float32)
+        for r in range(0, s):
+            # rows of s, columns of an earlier r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
+            o_r = i_t * BT + r * BC + o_c
+            b_kr = _delta_rows(k + o_bk, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
+            b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))
+            b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+            b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+        for r in range(s + 1, BT // BC):
+            # rows of a later r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
+            o_r = i_t * BT + r * BC + o_c
+            m_r = o_r < T
+            b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, GATE) - b_gla[None, :])
+            b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+            b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+            b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
+            b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
+            b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
+            b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
+        b_cp *= tl.exp(b_gla[None, :] - b_gs)
+        p_cs = p_dP + (s * BC) * (H * BT) + s * BC
+        p_ca = p_dA + (s * BC) * (H * BT) + s * BC
         if BOUNDED:
-            # bounded gates: each side one product over the whole chunk, masked first. Row j of
-            # the chunk takes one factor: exp(G_f - G_j) up to the end of s (at most 1 before s,
-            # at most exp(-15 gate_min) inside it), exp(G_j - G_l) after s (at most 1)
-            o_j = tl.arange(0, BT)
-            o_tj = i_t * BT + o_j
-            m_tj = o_tj < T
-            o_i = s * BC + o_c                                                      # chunk rows of s
-            m_to = o_j < (s + 1) * BC                                               # rows up to s's last
-            b_gc = _delta_gate(p_g, o_tj, o_k, m_k, H, K, GATE)                     # [BT, BK]
-            b_x = tl.exp(tl.where(m_to[:, None], b_gf[None, :] - b_gc, b_gc - b_gla[None, :]))
-            b_kx = _delta_rows(k + o_bk, o_tj, m_tj, o_k, m_k, H * K).to(tl.float32) * b_x
-            # row side, rows of s against earlier columns and those of s (i > j), anchor f:
-            # exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j); dP's i = j entries go in exactly
-            b_dpf = tl.load(p_dP + o_i[:, None] * (H * BT) + o_j[None, :])             # [BC, BT]
-            m_ij = o_i[:, None] > o_j[None, :]
-            b_rp = tl.dot(tl.where(m_ij, b_dpf, 0.), b_kx, input_precision=DOT)
-            b_ra = tl.dot(tl.where(m_ij, tl.load(p_dA + o_i[:, None] * (H * BT) + o_j[None, :]), 0.), b_kx,
-                          input_precision=DOT)
-            b_dn = tl.exp(b_gs - b_gf[None, :])                                      # [BC, BK] <= 1
-            b_rp *= b_dn
-            b_ra *= b_dn
-            b_dpd = tl.sum(tl.where(o_i[:, None] == o_j[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
-            b_rp += b_dpd * b_ks
-            # column side, rows after s against the columns of s, anchor l:
-            # exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
-            m_af = (o_j >= (s + 1) * BC)[:, None]
-            b_bc = tl.load(p_b + o_tj * H, mask=m_tj, other=0.).to(tl.float32)
-            b_dac = tl.where(m_af, tl.load(p_dA + o_j[:, None] * (H * BT) + o_i[None, :]) * b_bc[:, None], 0.)
-            b_cp = tl.dot(tl.trans(b_dac), b_kx, input_precision=DOT)                 # [BC, BK]
-            b_qx = _delta_rows(q + o_bk, o_tj, m_tj, o_k, m_k, H * K).to(tl.float32) * b_x
-            b_dpc = tl.where(m_af, tl.load(p_dP + o_j[:, None] * (H * BT) + o_i[None, :]), 0.)  # [BT, BC]
-            b_cp += tl.dot(tl.trans(b_dpc), b_qx, input_precision=DOT)
-            b_cp *= tl.exp(b_gla[None, :] - b_gs)
-            # column side inside s, anchor f (no later than any row, so no later gate reaches an
-            # earlier row's sums): exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
-            b_dps = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dP, s, s, BT, BC, H * BT), 0.)
+            # diagonal sub-block, bounded gates: products against the first row of s on both
+            # sides (an anchor no later than any row, so no later gate reaches an earlier
+            # row's sums), the factors exp(G_f - G_j) <= exp(-15 gate_min); masked first. dP's
+            # i = j entries go in exactly below, so that they cancel in dG as on the exact path
+            b_dpf = _delta_blk(p_dP, s, s, BT, BC, H * BT)
+            b_dps = tl.where(o_c[:, None] > o_c[None, :], b_dpf, 0.)
             b_das = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dA, s, s, BT, BC, H * BT), 0.)
-            b_cp += tl.exp(b_gf[None, :] - b_gs) * (
-                tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
-                + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
+            b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
+            b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
+            b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
+            b_dn = tl.exp(b_gs - b_gf[None, :])                                        # [BC, BK] <= 1
+            b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
+                            + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
+        b_rp *= tl.exp(b_gs - b_gf[None, :])
+        b_ra *= tl.exp(b_gs - b_gf[None, :])
+        if BOUNDED:
+            b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
+            b_rp += b_dpd * b_ks
             b_cp += b_dpd * b_qs
         else:
-            # exact path (gates without a bound): sub-block by sub-block, the diagonal one summed
-            # exactly, one row/column j at a time
-            b_rp = tl.zeros([BC, BK], dtype=tl.float32)
-            b_ra = tl.zeros([BC, BK], dtype=tl.float32)
-            b_cp = tl.zeros([BC, BK], dtype=tl.float32)
-            for r in range(0, s):
-                # rows of s, columns of an earlier r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
-                o_r = i_t * BT + r * BC + o_c
-                b_kr = _delta_rows(k + o_bk, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
-                b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))
-                b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-                b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-            for r in range(s + 1, BT // BC):
-                # rows of a later r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
-                o_r = i_t * BT + r * BC + o_c
-                m_r = o_r < T
-                b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, GATE) - b_gla[None, :])
-                b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
-                b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
-                b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
-                b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
-                b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
-                b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
-            b_cp *= tl.exp(b_gla[None, :] - b_gs)
-            b_rp *= tl.exp(b_gs - b_gf[None, :])
-            b_ra *= tl.exp(b_gs - b_gf[None, :])
-            p_cs = p_dP + (s * BC) * (H * BT) + s * BC
-            p_ca = p_dA + (s * BC) * (H * BT) + s * BC
             # diagonal sub-block, exact: loop over the row/column j inside s
             for j in range(BC):
                 t_j = i_t * BT + s * BC + j
@@ -1833,7 +1806,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     _delta_bwd_intra_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
         BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded,
-        num_warps=_DELTA_WIDE_WARPS if BK > 64 and (gate != 3 or bounded) else _DELTA_WARPS)
+        num_warps=_DELTA_WIDE_WARPS if gate != 3 and BK > 64 else _DELTA_WARPS)
     dg = _absent(q)
     if gate:
         dg = torch.empty_like(g)
