@@ -263,8 +263,15 @@ def test_findings_are_judged_from_the_numbers():
     assert ": holds, and it finds at most 5% at 512 too." in report.findings(runs).splitlines()[2]
     cut = fake(0.8, [0.5, 0.3, 0.0, 0.0])  # a run whose NIAH after SFT did not finish: judged after stage 3
     runs["retnet"] = {"after_stage3": cut["after_stage3"], "after_sft": {**cut["after_sft"], "niah": {}}}
+    lines = report.findings(runs).splitlines()
     assert "(passkey at most 5% at each longer length, after stage 3; after SFT not measured): does not hold. " \
-           "512: 50%, 1024: 30%" in report.findings(runs).splitlines()[3]
+           "512: 50%, 1024: 30%" in lines[3]
+    # the retrieval ranking takes it after stage 3 too, and says so in the verdict and beside its number
+    assert ": holds, with RetNet judged after stage 3 (after SFT not measured). " in lines[1]
+    assert "Gated DeltaNet 62%, RetNet 20% (after stage 3), " in lines[1]
+    runs["retnet"]["after_stage3"] = fake(0.8, [1.0, 1.0, 1.0, 1.0])["after_stage3"]  # its stand-in can win
+    assert ": does not hold, with RetNet judged after stage 3 (after SFT not measured). RetNet 100% (after stage 3)" \
+        in report.findings(runs).splitlines()[1]
     runs["retnet"] = fake(0.8, [0.5, 0.0, 0.0, 0.0])
     runs["gla"] = fake(0.81, [0.2, 0.1, 0.0, 0.0])  # [79, 83] against Linear Attention's [78, 82]
     line = report.findings(runs).splitlines()[0]  # one pair apart, the other overlapping: each marked
