@@ -996,7 +996,6 @@ _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
 # fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
-_DELTA_SOLVE_WARPS = 1  # _delta_solve_kernel: 16x16 blocks, work for one warp
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
 
@@ -1710,7 +1709,8 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
         q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
         GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     Ai = torch.empty_like(A)
-    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
+    # 4 warps: at 1, compiled for sm_90, it kept 64 registers a thread and spilled 2,484 bytes
+    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_WARPS)
     return gc, Ai, P
 
 
