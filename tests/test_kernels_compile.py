@@ -59,8 +59,9 @@ def test_a_row_stride_that_divides_by_16_gives_wide_loads():
 def test_the_solve_kernel_keeps_its_tiles_in_registers():
     # the inverse of a chunk's (I + A) holds ten 16 x 16 fp32 tiles at once: at one warp ptxas kept
     # 64 registers a thread and spilled the rest to local memory; at the 4 warps it launches with,
-    # nothing spills. The same launch at one warp shows the check sees a spill.
-    found = kernel_smem.launches(dtypes=["bf16"], dims=[64], families=["delta"], kernels_={"_delta_solve_kernel"})
+    # nothing spills. The same launch at one warp shows the check sees a spill. A and T are fp32
+    # whatever the inputs' dtype, so the fp32 run records the one launch there is.
+    found = kernel_smem.launches(dtypes=["fp32"], dims=[64], families=["delta"], kernels_={"_delta_solve_kernel"})
     assert len(found) == 1 and found[0][2]["num_warps"] == 4
     one = [(name, args, {**opts, "num_warps": 1}) for name, args, opts in found]
     (ours,), (narrow,) = kernel_smem.compile_all(found, jobs=1), kernel_smem.compile_all(one, jobs=1)
