@@ -171,14 +171,20 @@ def findings(runs):
         verdict += f" for the {len(known)} of {len(pairs)} pairs measured"
     out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}".rstrip())
 
-    def passkey(name, after="after_sft"):
-        run = runs.get(name)
-        return run[after]["niah"].get("s_niah_1") if run and after in run else None
+    def passkey(name):
+        """(passkey accuracy by length after SFT, False), or (after stage 3, True) for a run whose
+        NIAH after SFT did not finish, or (None, False)."""
+        run = runs.get(name) or {}
+        for after in ("after_sft", "after_stage3"):
+            p = run[after]["niah"].get("s_niah_1") if after in run else None
+            if p:
+                return p, after == "after_stage3"
+        return None, False
 
-    # a student whose NIAH after SFT did not finish stands in with its NIAH after stage 3, marked
-    cut = [n for n in ORDER[:7] if not passkey(n) and passkey(n, "after_stage3")]
-    seven = [n for n in ORDER[:7] if passkey(n) or n in cut]
-    mean = {n: mean_accuracy(passkey(n) or passkey(n, "after_stage3")) for n in seven}
+    got = {n: passkey(n) for n in ORDER[:7]}
+    seven = [n for n in ORDER[:7] if got[n][0]]
+    cut = [n for n in seven if got[n][1]]  # stand in with their NIAH after stage 3, marked
+    mean = {n: mean_accuracy(got[n][0]) for n in seven}
     ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" + (" (after stage 3)" if n in cut else "")
                       for n in sorted(mean, key=mean.get, reverse=True))
     study = {n: mean_accuracy(a) for n, a in STUDY_PASSKEY.items() if len(a) == 4}  # every length reported
@@ -197,9 +203,8 @@ def findings(runs):
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
                    f"{verdict}. {ranks}")
     for n in ("linear_attention", "retnet"):
-        p, when = passkey(n), "after SFT"
-        if not p and passkey(n, "after_stage3"):  # a run whose last NIAH did not finish
-            p, when = passkey(n, "after_stage3"), "after stage 3; after SFT not measured"
+        p, late = passkey(n)
+        when = "after stage 3; after SFT not measured" if late else "after SFT"
         if not p:
             out.append(f"- {NAMES[n]} loses retrieval past 512 tokens: not measured.")
             continue
