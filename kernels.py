@@ -996,6 +996,10 @@ _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
 # fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
+# _delta_solve_kernel: 16x16 blocks, work for one warp. It spills 2,484 bytes a thread there (sm_90)
+# and is still fastest: 0.218 ms at 1 warp, 0.431 at 2, 0.722 at 4, where each substitution step
+# sums across warps (8 x 4096 x 16 x 64, one H200, bench.py --profile)
+_DELTA_SOLVE_WARPS = 1
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
 
@@ -1709,8 +1713,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
         q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
         GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
     Ai = torch.empty_like(A)
-    # 4 warps: at 1, compiled for sm_90, it kept 64 registers a thread and spilled 2,484 bytes
-    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_WARPS)
+    _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
     return gc, Ai, P
 
 
