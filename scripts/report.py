@@ -222,14 +222,17 @@ def findings(runs):
 
 
 def save(fig, axes, ylabel, path):
-    """A row of panels finished (the y label, one legend of the panel with the most lines, on the
-    last) and written to path."""
+    """A row of panels finished (the y label, one legend of every line's label, right of the last
+    panel) and written to path."""
     import matplotlib.pyplot as plt
 
     axes[0].set_ylabel(ylabel)
-    handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda hl: len(hl[0]))
-    if handles:
-        axes[-1].legend(handles, labels, fontsize=7)
+    legend = {}  # label -> handle, in the order the panels first show them
+    for ax in axes:
+        for handle, label_ in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label_, handle)
+    if legend:
+        axes[-1].legend(legend.values(), legend.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -245,6 +248,8 @@ def plots(runs, assets):
     import matplotlib.pyplot as plt
 
     students = {n: r for n, r in runs.items() if n != "teacher"}
+    # one colour a run in every panel, whichever panels it has numbers for; the teacher dashed black
+    style = {n: {"color": f"C{i % 10}"} for i, n in enumerate(students)} | {"teacher": {"color": "k", "ls": "--"}}
     paths = []
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.4
@@ -274,8 +279,7 @@ def plots(runs, assets):
             acc = m and m["niah"].get(task)
             if acc:
                 Ls, ys = zip(*by_length(acc))
-                ax.plot(Ls, [100 * a for a in ys], marker="o", label=label(n, r),
-                        **({"color": "k", "ls": "--"} if n == "teacher" else {}))
+                ax.plot(Ls, [100 * a for a in ys], marker="o", label=label(n, r), **style[n])
         ax.set_xscale("log", base=2)
         ax.set_title(f"{NIAH[task]}, {AFTER[after]}", fontsize=9)
         ax.set_ylim(-3, 103)
@@ -289,7 +293,7 @@ def plots(runs, assets):
         for n, r in students.items():
             h = r.get("history", {}).get(s)
             if h and h["train"]:
-                ax.plot(*zip(*h["train"]), lw=0.8, label=label(n, r))
+                ax.plot(*zip(*h["train"]), lw=0.8, label=label(n, r), **style[n])
         ax.set_yscale("log")
         ax.set_title(f"stage {s}" if s != "sft" else "SFT", fontsize=9)
         ax.set_xlabel("step")
@@ -302,12 +306,12 @@ def plots(runs, assets):
     if ours:
         fig, axes = plt.subplots(1, len(ours), figsize=(3.2 * len(ours) + 1, 3.4), sharey=True, squeeze=False)
         for ax, n in zip(axes[0], ours):
-            for after, style in (("after_stage3", {"alpha": 0.45}), ("after_sft", {})):
+            for after, look in (("after_stage3", {"alpha": 0.45}), ("after_sft", {})):
                 acc = measures(students[n]).get(after, {}).get("niah", {}).get("s_niah_1")
                 if acc:
                     Ls, ys = zip(*by_length(acc))
                     ax.plot(Ls, [100 * a for a in ys], marker="o", color="C0",
-                            label=f"here, {AFTER[after]}", **style)
+                            label=f"here, {AFTER[after]}", **look)
             ax.plot(list(STUDY_PASSKEY[n]), list(STUDY_PASSKEY[n].values()), marker="x", color="k", ls="--", label="the study, 10B tokens")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{NAMES[n]}: distilled on {count(distilled(students[n]))} tokens here", fontsize=9)

@@ -214,6 +214,30 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
         assert os.path.getsize(tmp_path / png) > 10_000
 
 
+def test_a_run_keeps_its_colour_in_every_panel(tiny, tmp_path, monkeypatch):
+    # a run whose NIAH after SFT did not finish is missing from those panels; the runs after it
+    # must not take the next colour there, or a line reads as another run's
+    d, _, r = tiny
+    cut = json.loads(json.dumps(r))
+    cut["after_sft"]["niah"] = {}
+    other = json.loads(json.dumps(r))
+    other["after_sft"]["niah"]["s_niah_1"] = {"128": 0.25}
+    runs = {"retnet": cut, "gla": r, "deltanet": other}
+    panels = []
+    real = report.save
+    monkeypatch.setattr(report, "save", lambda fig, axes, *a: panels.append(
+        [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in axes]) or real(fig, axes, *a))
+    report.plots(runs, str(tmp_path))
+    niah = panels[0]  # after stage 3 then after SFT, each task
+    sft = niah[len(report.NIAH)]  # the passkey after SFT
+    assert "RetNet" in niah[0] and "RetNet" not in sft and "DeltaNet" in sft
+    colours = {}
+    for panel in niah + panels[1]:
+        for name, colour in panel.items():
+            assert colours.setdefault(name, colour) == colour, (name, colour, colours)
+    assert len(set(colours.values())) == 3
+
+
 def test_a_recovery_without_a_value_reads_as_a_dash():
     # evaluate.py's recovery is nan where the teacher scored 0 (few questions)
     assert report.pct([float("nan"), 0.0, 1.0]) == "-" and report.pct(None) == "-"
