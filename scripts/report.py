@@ -84,6 +84,8 @@ def label(name, run):
     s = run.get("settings", {})
     if s.get("softmax_layers"):
         return f"{NAMES.get(s['mixer'], s['mixer'])} + softmax layers {s['softmax_layers']}"
+    if s.get("mixer") == "swa" and s.get("window"):
+        return f"SWA, window {s['window']}"
     return NAMES.get(name, name)
 
 

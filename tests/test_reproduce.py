@@ -238,6 +238,14 @@ def test_a_run_keeps_its_colour_in_every_panel(tiny, tmp_path, monkeypatch):
     assert len(set(colours.values())) == 3
 
 
+def test_rows_beyond_the_seven_name_what_they_are():
+    # the hybrid its softmax layers, the sliding-window baseline its window (its state size)
+    assert report.label("hybrid", {"settings": {"mixer": "gated_deltanet", "softmax_layers": "5,15,25"}}) == \
+        "Gated DeltaNet + softmax layers 5,15,25"
+    assert report.label("swa", {"settings": {"mixer": "swa", "window": 96}}) == "SWA, window 96"
+    assert report.label("kda", {"settings": {"mixer": "kda", "window": 512}}) == "KDA"
+
+
 def test_a_recovery_without_a_value_reads_as_a_dash():
     # evaluate.py's recovery is nan where the teacher scored 0 (few questions)
     assert report.pct([float("nan"), 0.0, 1.0]) == "-" and report.pct(None) == "-"
