@@ -268,7 +268,7 @@ def plots(runs, assets):
     ax.set_xticks(range(len(students)), [label(n, r) for n, r in students.items()], rotation=20, ha="right", fontsize=8)
     ax.axhline(100, color="k", lw=0.8, ls="--")
     ax.set_ylabel("average recovery (%), 95% interval")
-    ax.legend()
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01), ncol=2, fontsize=8, frameon=False)  # above the bars
     fig.tight_layout()
     paths.append(os.path.join(assets, "study_recovery.png"))
     fig.savefig(paths[-1], dpi=120)
