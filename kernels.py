@@ -901,12 +901,14 @@ def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded, need_dg):
 def _add_chunk_setup(ctx, inputs, output):
     q, k, v, g, h0, scale, BT, bounded = inputs
     ctx.mark_non_differentiable(output[2])
+    ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not a tensor of zeros
     ctx.save_for_backward(q, k, v, g, h0, output[2])
     ctx.scale, ctx.BT, ctx.bounded = scale, BT, bounded
 
 
 def _add_chunk_backward(ctx, do, dht, _):
     q, k, v, g, h0, gc = ctx.saved_tensors
+    do = torch.zeros_like(v) if do is None else do  # only the final state was used
     need_dg = g is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.bounded, need_dg)
     return dq, dk, dv, dg if need_dg else None, None if h0 is None else dh0, None, None, None
@@ -1829,12 +1831,16 @@ def _delta_rule_setup(ctx, inputs, output):
     q, k, v, beta, g, h0, scale, bounded = inputs
     _, _, gc, Ai, P = output
     ctx.mark_non_differentiable(gc, Ai, P)
+    # the gradients of outputs nobody reads (the final state in training; gc, Ai and P, kept for
+    # the backward, always) come as None: materialized, they were four zero-filled tensors a call
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(q, k, v, beta, g, h0, gc, Ai, P)
     ctx.scale, ctx.bounded = scale, bounded
 
 
 def _delta_rule_backward(ctx, do, dht, *_):
     q, k, v, beta, g, h0, gc, Ai, P = ctx.saved_tensors
+    do = torch.zeros_like(v) if do is None else do  # only the final state was used
     dq, dk, dv, dbeta, dg, dh0 = _delta_rule_bwd(do, dht, q, k, v, beta, g, h0, gc, Ai, P, ctx.scale, ctx.bounded)
     return dq, dk, dv, dbeta, None if g is None else dg, None if h0 is None else dh0, None, None
 
@@ -2347,12 +2353,14 @@ def _(z, t, y, ce_weight, kl_weight, temperature, grad, inv_n=None):
 
 def _distill_loss_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # no zero-filled [N, V] gradient for dz, which nobody reads
     ctx.save_for_backward(output[3])
 
 
 def _distill_loss_backward(ctx, dloss, *_):
     (dz,) = ctx.saved_tensors
-    dz = dz * dloss.to(dz.dtype) if ctx.needs_input_grad[0] else None  # the loss is linear in dz's scale
+    # the loss is linear in dz's scale; dloss None: the loss itself was not used
+    dz = dz * dloss.to(dz.dtype) if ctx.needs_input_grad[0] and dloss is not None else None
     return dz, None, None, None, None, None, None, None
 
 

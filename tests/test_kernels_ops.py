@@ -9,6 +9,9 @@
     implementation against the real one, and AOT dispatch with dynamic shapes.
 (c) kernels.distill_loss against F.cross_entropy and log_softmax in float64: values, gradient
     (times an incoming gradient), rows that do not count, a temperature, no teacher.
+(d) the backward of an operator with outputs nobody differentiates (the state and what the
+    forward keeps for the backward; the loss's logged parts) fills no tensor of zeros for their
+    gradients, and takes the final state's gradient alone.
 
 On the CPU inductor compiles the graph around the operators to C++ and the kernels run in
 Triton's interpreter; on a GPU all of it is compiled.
@@ -339,3 +342,38 @@ def test_distill_loss_no_row_counts():
                                         torch.full((4,), -1, device=DEV))
     loss.backward()
     assert loss.item() == ce.item() == kl.item() == 0.0 and torch.all(zl.grad == 0)
+
+
+# --- (d) gradients of unused outputs: None, not tensors of zeros ----------------------------
+
+FNS = {name: (fn, make) for name, _, fn, make in CASES}
+
+
+@pytest.mark.parametrize("name", ["chunk_decay_additive-channel", "chunk_delta_rule-channel-bounded", "distill_loss"])
+def test_the_backward_fills_no_zeros_for_outputs_nobody_reads(name):
+    # autograd hands a tensor of zeros to the backward for every output without a gradient unless
+    # the operator asks for None: four a delta-rule layer (its state, gate cumsum, T and P), and
+    # an [N, V] one for the loss's kept gradient
+    fn, make = FNS[name]
+    args = make(torch.Generator(DEV).manual_seed(0))
+    out = fn(*args)[0]
+    wrt = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        grads = torch.autograd.grad(out, wrt, torch.ones_like(out))
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert not [e.key for e in prof.key_averages() if e.key in ("aten::zeros", "aten::zero_", "aten::zeros_like")]
+
+
+@pytest.mark.parametrize("name", ["chunk_decay_additive-channel", "chunk_delta_rule-head"])
+def test_the_final_state_alone_takes_its_gradient(name):
+    # the output unused: its gradient arrives as None, and the backward stands zeros in for it
+    fn, make = FNS[name]
+    args = make(torch.Generator(DEV).manual_seed(1))
+    o, ht = fn(*args)
+    wrt = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+    dht = torch.randn(ht.shape, generator=torch.Generator(DEV).manual_seed(2), device=DEV)
+    alone = torch.autograd.grad(ht, wrt, dht, retain_graph=True, allow_unused=True)
+    both = torch.autograd.grad([o, ht], wrt, [torch.zeros_like(o), dht], allow_unused=True)
+    assert any(a is not None and a.abs().sum() > 0 for a in alone)
+    for a, b in zip(alone, both):
+        assert (a is None and (b is None or not b.any())) or torch.equal(a, b)
