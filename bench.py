@@ -158,7 +158,13 @@ def profile_kernels(name, shape, emit, steps=5):
     from torch.profiler import ProfilerActivity, profile
 
     args = make_inputs(name, *shape)
-    run, _ = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]), n_fixed(name))
+    fwd_bwd_, leaves = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]), n_fixed(name))
+
+    def run():  # the gradients reset first, as do_bench does: no accumulating adds in the profile
+        for x in leaves:
+            x.grad = None
+        fwd_bwd_()
+
     for _ in range(3):  # compile and warm up outside the profile
         run()
     torch.cuda.synchronize()
