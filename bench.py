@@ -1,5 +1,5 @@
 """
-Speed of the seven token mixers on a GPU: our Triton kernels (kernels.py) against our chunked
+Speed of the seven token mixers on a GPU: our Triton kernels (triton_ops.py) against our chunked
 PyTorch forms (mixers.py), the published kernels of the same recurrences (--peers) and causal
 FlashAttention (PyTorch SDPA).
 
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench, do_bench_cudagraph
 
-import kernels
+import triton_ops
 import mixers
 
 SHAPES = [(8, 4096, 16, 64), (4, 8192, 16, 128), (1, 32768, 16, 64)]
@@ -49,8 +49,8 @@ def ours(name):
     """Our kernel for the mixer, with the gate floor its layer guarantees (GLA, KDA)."""
     gate_min = mixers.LAYERS[name].gate_min
     if mixers.FAMILY[name][0] == "additive":
-        return lambda *x: kernels.chunk_decay_additive(*x, gate_min=gate_min)
-    return lambda *x: kernels.chunk_delta_rule(*x, gate_min=gate_min)
+        return lambda *x: triton_ops.chunk_decay_additive(*x, gate_min=gate_min)
+    return lambda *x: triton_ops.chunk_delta_rule(*x, gate_min=gate_min)
 
 
 def torch_form(name):

@@ -139,9 +139,9 @@ def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weig
     """Stage 3's loss on logits [B, T, V], targets [B, T] (-1: no loss): (loss, ce, kl), where
     loss = ce_weight * cross_entropy + kl_weight * kl_per_token (ce and kl come detached, to log).
     teacher_logits None: cross-entropy alone (kl 0). Backend triton (the default for CUDA
-    tensors): one fused kernel, kernels.distill_loss, computes the same loss and its gradient in
+    tensors): one fused kernel, triton_ops.distill_loss, computes the same loss and its gradient in
     closed form, in the logits' dtype (autograd keeps several fp32 copies of [B, T, V] here)."""
-    f = mixers.forms(backend, student_logits)  # kernels.py for triton, as the mixers choose
+    f = mixers.forms(backend, student_logits)  # triton_ops.py for triton, as the mixers choose
     if f is not mixers.TORCH:
         t = None if teacher_logits is None else teacher_logits.flatten(0, 1)
         return f.distill_loss(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight,
@@ -161,7 +161,7 @@ def _rows_loss_grad(z, t, y, inv_n, ce_weight, kl_weight, temperature, backend, 
     -1: not counted): their parts of the batch's mean ce and kl, and the gradient dz of
     ce_weight * ce + kl_weight * kl in z's dtype (None when not grad)."""
     f = mixers.forms(backend, z)
-    if f is not mixers.TORCH:  # one fused kernel (kernels.distill_loss_grad)
+    if f is not mixers.TORCH:  # one fused kernel (triton_ops.distill_loss_grad)
         return f.distill_loss_grad(z, t, y, ce_weight, kl_weight, temperature, grad=grad, inv_n=inv_n)
     keep = (y >= 0).float()[:, None] * inv_n  # (n, 1)
     ls = z.float().log_softmax(-1)

@@ -14,9 +14,9 @@ They differ only in how S is written:
 Inside, in reading order:
   1. seven textbook recurrences, token by token in fp32, one per mixer (the ground truth);
   2. the two family recurrences: one-token steps (decoding) and their loops;
-  3. the chunked form of both families (the algorithm kernels.py implements in Triton);
+  3. the chunked form of both families (the algorithm triton_ops.py implements in Triton);
   4. the glue around them (short conv, L2 norm, output norm and gate, log decay) and forms(),
-     the one switch between PyTorch and kernels.py;
+     the one switch between PyTorch and triton_ops.py;
   5. the mixer layers that model.py builds for a student, and the registry of the seven.
 
 One layout everywhere: q, k [B, T, H, Dk], v [B, T, H, Dv], state [B, H, Dk, Dv] in fp32, and
@@ -25,7 +25,7 @@ every function returns (output, final_state). A log decay g <= 0 comes as None (
 
 A layer runs in one of three forms, its `backend` (model.SmolLM2.set_backend, or --backend= on
 every script): "naive", the textbook loops of section 1; "torch", the chunked forms of sections
-2-4; "triton", kernels.py's twins of those (same names, same signatures). The default is triton
+2-4; "triton", triton_ops.py's twins of those (same names, same signatures). The default is triton
 for CUDA tensors and torch otherwise; asking for triton where it cannot run is an error.
 
 References:
@@ -351,7 +351,7 @@ def _chunked(q, k, v, beta, g, initial_state, scale, chunk_size):
 
 def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_size=64, gate_min=None):
     """S_t = exp(g_t) * S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), chunked. -> (o, final_state)
-    gate_min: accepted and ignored, as kernels.chunk_decay_additive's bound on g (this form is
+    gate_min: accepted and ignored, as triton_ops.chunk_decay_additive's bound on g (this form is
     exact for any gate), so that callers pass it to either form."""
     return _chunked(q, k, v, None, g, initial_state, scale, chunk_size)
 
@@ -396,7 +396,7 @@ def softcap(x, cap=MLSTM_CAP):  # cap * tanh(x / cap): smooth, identity near 0, 
 
 # ---------------------------------------------------------------------------------------------
 # 4. The glue around the recurrences, and the one switch between the three forms.
-# Each function here has a Triton twin of the same name and signature in kernels.py (section 5),
+# Each function here has a Triton twin of the same name and signature in triton_ops.py (section 5),
 # which fuses what PyTorch runs as chains of small memory-bound passes. forms() picks the set.
 
 
@@ -461,7 +461,7 @@ def sigmoid_decay(a, A_log, dt_bias, floor):
 
 
 BACKENDS = ("naive", "torch", "triton")  # the three forms a mixer runs in
-# the PyTorch forms under the names of their twins in kernels.py
+# the PyTorch forms under the names of their twins in triton_ops.py
 TORCH = SimpleNamespace(
     chunk_decay_additive=chunk_decay_additive, chunk_delta_rule=chunk_delta_rule,
     recurrent_step_decay_additive=step_decay_additive, recurrent_step_delta_rule=step_delta_rule,
@@ -491,14 +491,14 @@ def resolve_backend(backend, x):
 
 
 def forms(backend, x):
-    """The functions that run `backend` on tensors like x: kernels.py's for triton, else TORCH."""
+    """The functions that run `backend` on tensors like x: triton_ops.py's for triton, else TORCH."""
     if resolve_backend(backend, x) != "triton":
         return TORCH
     if not x.is_cuda:  # Triton's interpreter, or a one-line error
         check_backend("triton", x.device)
-    import kernels  # only here: CPU runs never need triton
+    import triton_ops  # only here: CPU runs never need triton
 
-    return kernels
+    return triton_ops
 
 
 # ---------------------------------------------------------------------------------------------

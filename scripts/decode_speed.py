@@ -12,7 +12,7 @@ random weights of SmolLM2-135M (speed does not depend on the weights):
 
 The teacher decodes as model.py runs it: each step appends to the cache and repeats the KV
 heads for the query heads, so it reads its whole cache at least twice, as simple decoders do.
-Each student runs in every form --backends names (on CUDA by default twice: through kernels.py,
+Each student runs in every form --backends names (on CUDA by default twice: through triton_ops.py,
 where a decoding step's state update is one fused kernel, and as PyTorch ops alone), which shows
 where the kernels pay, and every model through each of --decoders: fast (decode.py: static
 caches, and on CUDA each block compiled and the step replayed from a CUDA graph; its prefill

@@ -1,9 +1,9 @@
 """
-Shared memory of every kernel launch of kernels.py, compiled for sm_90 (H100, H200) without a GPU.
+Shared memory of every kernel launch of triton_ops.py, compiled for sm_90 (H100, H200) without a GPU.
 
 A GPU refuses a launch that needs more than 227 KB of shared memory per block (Triton raises
 OutOfResources), and Triton's CPU interpreter never notices. This script runs the public
-functions of kernels.py in the interpreter at small shapes, records every launch (kernel,
+functions of triton_ops.py in the interpreter at small shapes, records every launch (kernel,
 argument dtypes, constexprs, warps, stages), compiles each distinct one offline with Triton's
 own compiler for sm_90 in subprocesses without the interpreter, and reads the shared memory
 the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
@@ -41,7 +41,7 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
 
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import kernels
+    import triton_ops
     from gradients import run_and_grad
 
     names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -78,25 +78,25 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
                     g1 = g if g is None or gate == "const" else g[:, :1]
                     with torch.no_grad():  # the fused decoding step (inference only)
                         if "additive" in families:
-                            kernels.recurrent_step_decay_additive(q[:, :1], k[:, :1], v[:, :1], g1, h0)
+                            triton_ops.recurrent_step_decay_additive(q[:, :1], k[:, :1], v[:, :1], g1, h0)
                         if "delta" in families and gate != "const":
-                            kernels.recurrent_step_delta_rule(q[:, :1], k[:, :1], v[:, :1], beta[:, :1], g1, h0)
+                            triton_ops.recurrent_step_delta_rule(q[:, :1], k[:, :1], v[:, :1], beta[:, :1], g1, h0)
                     if "additive" in families:  # per-channel gates also with a bound (BOUNDED=1)
                         for gate_min in [None] + ([-5.0] if gate == "channel" else []):
-                            run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
+                            run_and_grad(triton_ops.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
                                          gate_min=gate_min)
                     if "delta" in families and gate != "const":  # the delta rule's gate is per step
                         for gate_min in [None] + ([-5.0] if gate == "channel" else []):
-                            run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht,
+                            run_and_grad(triton_ops.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht,
                                          gate_min=gate_min)
                 if "glue" in families:  # section 5, at this head size
-                    glue(kernels, rnd, dtype, B, T, H, D)
+                    glue(triton_ops, rnd, dtype, B, T, H, D)
     finally:
         interpreter.InterpretedFunction.run = run
     return list(found.values())
 
 
-def glue(kernels, rnd, dtype, B, T, H, D):
+def glue(triton_ops, rnd, dtype, B, T, H, D):
     """Section 5's kernels, forward and backward: the short conv plain and cutting q, k, v with
     L2 norms, the output norm with each gate, the L2 norm, the log decay (per head and per
     channel) and the distillation loss."""
@@ -109,17 +109,17 @@ def glue(kernels, rnd, dtype, B, T, H, D):
 
     leaf = lambda *s: rnd(*s).to(dtype).requires_grad_()  # noqa: E731
     w = rnd(3 * H * D, 4).requires_grad_()
-    backward(kernels.short_conv(leaf(B, T, 3 * H * D), w))
-    backward(kernels.short_conv(leaf(B, T, 3 * H * D + 8)[..., : 3 * H * D], w, parts=3, l2_parts=2, head_dim=D))
+    backward(triton_ops.short_conv(leaf(B, T, 3 * H * D), w))
+    backward(triton_ops.short_conv(leaf(B, T, 3 * H * D + 8)[..., : 3 * H * D], w, parts=3, l2_parts=2, head_dim=D))
     for act in (None, "silu", "sigmoid"):
-        backward(kernels.rms_norm_gate(leaf(B, T, H, D), rnd(D).requires_grad_(), None if act is None else
+        backward(triton_ops.rms_norm_gate(leaf(B, T, H, D), rnd(D).requires_grad_(), None if act is None else
                                        leaf(B, T, H, D), act))
-    backward(kernels.l2_normalize(leaf(B, T, H, D)))
-    backward(kernels.softplus_decay(leaf(B, T, H), rnd(H).requires_grad_(), rnd(H).requires_grad_()))
-    backward(kernels.softplus_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_()))
-    backward(kernels.sigmoid_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_(), -5.0))
+    backward(triton_ops.l2_normalize(leaf(B, T, H, D)))
+    backward(triton_ops.softplus_decay(leaf(B, T, H), rnd(H).requires_grad_(), rnd(H).requires_grad_()))
+    backward(triton_ops.softplus_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_()))
+    backward(triton_ops.sigmoid_decay(leaf(B, T, H, D), rnd(H).requires_grad_(), rnd(H * D).requires_grad_(), -5.0))
     y = torch.randint(0, 100, (B * T,))
-    kernels.distill_loss_grad(leaf(B * T, 100), rnd(B * T, 100).to(dtype), y)
+    triton_ops.distill_loss_grad(leaf(B * T, 100), rnd(B * T, 100).to(dtype), y)
 
 
 def compile_all(found, jobs=2):
@@ -163,11 +163,11 @@ def compile_stdin():
     from triton.compiler import ASTSource
 
     sys.path.insert(0, ROOT)
-    import kernels
+    import triton_ops
 
     done = set()
     for name, args, opts in json.load(sys.stdin):
-        fn = getattr(kernels, name)
+        fn = getattr(triton_ops, name)
         constexpr = {fn.arg_names[i] for i in fn.constexprs}
         sig, consts = {}, {}
         for n in fn.arg_names:  # runtime scalars matter to the compiler by type alone

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import checkpoint  # noqa: E402
 import distill  # noqa: E402
-import kernels  # noqa: E402
+import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 import model as M  # noqa: E402
 
@@ -148,7 +148,7 @@ def main():
     row("  short conv, PyTorch (F.conv1d and SiLU), forward and backward",
         lambda: conv(qkv, tail)[0].float().sum().backward())
     row("  short conv, kernel (one output, not cut into heads), forward and backward",
-        lambda: kernels.short_conv(qkv, w).float().sum().backward())
+        lambda: triton_ops.short_conv(qkv, w).float().sum().backward())
     for name, mod in ((args.mixer, mixer), ("softmax attention", lm.model.layers[0].self_attn)):
         host_row(f"  host time of one {name} layer, forward and backward, batch 1, length 64", mod, student, emit)
     if args.profile:

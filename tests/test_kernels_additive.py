@@ -1,4 +1,4 @@
-"""Triton kernels of the decayed-additive family (kernels.chunk_decay_additive).
+"""Triton kernels of the decayed-additive family (triton_ops.chunk_decay_additive).
 
 S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t), with g none / [H] / [B,T,H] /
 [B,T,H,Dk]. The small fp32 claims (tiny shapes, chunk 16 or 32 so that several chunks and
@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 pytest.importorskip("triton")
-import kernels  # noqa: E402
+import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 from gradients import bounded_gates, run_and_grad  # noqa: E402
 
@@ -55,7 +55,7 @@ def check_against_recurrence(gate, B, T, H, K, V, chunk, with_state, device, dty
     do = torch.randn(B, T, H, V, generator=gen, device=device)
     dht = torch.randn(B, H, K, V, generator=gen, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
-    o, ht, grads = run_and_grad(kernels.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
+    o, ht, grads = run_and_grad(triton_ops.chunk_decay_additive, q, k, v, g, h0, do=do, dht=dht,
                                 scale=scale, chunk_size=chunk, gate_min=gate_min)
     # a constant decay's dg is one sum over every position of terms of both signs: the reference
     # runs with the gate repeated at each position, so that dg's error can be set against the
@@ -102,11 +102,11 @@ def test_matches_recurrence_fp32(gate, T, K, chunk, with_state):
 def test_state_hands_over(gate):
     # one call over 45 tokens = 27 tokens, then 1 token, then 17, each from the last state
     (q, k, v), g, h0 = make_inputs(gate, 1, 45, 2, 16, 16)
-    whole, hw = kernels.chunk_decay_additive(q, k, v, g, h0, chunk_size=16)
+    whole, hw = triton_ops.chunk_decay_additive(q, k, v, g, h0, chunk_size=16)
     outs, h = [], h0
     for a, b in [(0, 27), (27, 28), (28, 45)]:
         part = lambda x: None if x is None else x[:, a:b]  # noqa: E731
-        o, h = kernels.chunk_decay_additive(part(q), part(k), part(v), part(g), h, chunk_size=16)
+        o, h = triton_ops.chunk_decay_additive(part(q), part(k), part(v), part(g), h, chunk_size=16)
         outs.append(o)
     tol = FP32_TOL["o"]
     assert rel(torch.cat(outs, 1), whole) < tol and rel(h, hw) < tol
@@ -122,7 +122,7 @@ def test_a_fixed_gate_leaves_the_other_gradients_bit_for_bit(gate):
     for learned in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]
         gl = g.clone().requires_grad_(learned)
-        o, _ = kernels.chunk_decay_additive(*leaves[:3], gl, leaves[3], chunk_size=32)
+        o, _ = triton_ops.chunk_decay_additive(*leaves[:3], gl, leaves[3], chunk_size=32)
         o.backward(do)
         grads[learned] = [x.grad for x in leaves]
         assert (gl.grad is not None) == learned
@@ -134,7 +134,7 @@ def test_extreme_gates_stay_finite_and_exact():
     (q, k, v), _, h0 = make_inputs("channel", 1, 40, 1, 16, 16)
     gen = torch.Generator(DEV).manual_seed(1)
     g = -torch.rand(1, 40, 1, 16, generator=gen, device=DEV) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4], device=DEV).repeat(4)
-    o, ht = kernels.chunk_decay_additive(q, k, v, g, h0, chunk_size=32)
+    o, ht = triton_ops.chunk_decay_additive(q, k, v, g, h0, chunk_size=32)
     ro, rht = recurrence(q, k, v, g, h0)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     # in-chunk cumulative sums reach -1e5: their fp32 differences carry ~1e-4 relative error
@@ -167,7 +167,7 @@ def test_bounded_gates_are_causal_bit_for_bit():
     (q2, k2, v2), _, _ = make_inputs("channel", B, T, H, K, V, seed=1)
     later = lambda x, y: torch.cat([x[:, :t0 + 1], y[:, t0 + 1:]], 1)  # noqa: E731
     changed = [later(q, q2), later(k, k2), later(v, v2), later(g, torch.full_like(g, -5.0)), h0]
-    runs = [run_and_grad(kernels.chunk_decay_additive, *args, do=do, chunk_size=32, gate_min=gate_min)
+    runs = [run_and_grad(triton_ops.chunk_decay_additive, *args, do=do, chunk_size=32, gate_min=gate_min)
             for args, gate_min in [([q, k, v, g, h0], -5.0), (changed, -5.0), ([q, k, v, g, h0], None)]]
     (o, _, grads), (o2, _, grads2), (o_exact, _, grads_exact) = runs
     assert not torch.equal(o, o2)  # the change is real
@@ -182,10 +182,10 @@ def test_bounded_gates_are_causal_bit_for_bit():
 def test_gate_min_out_of_range_is_named():
     (q, k, v), g, _ = make_inputs("channel", 1, 8, 2, 16, 16)
     with pytest.raises(ValueError, match=r"^gate_min=-10\.0: [^\n]*80[^\n]*$"):
-        kernels.chunk_decay_additive(q, k, v, g, gate_min=-10.0)
+        triton_ops.chunk_decay_additive(q, k, v, g, gate_min=-10.0)
 
 
 def test_bad_gate_shape_is_named():
     (q, k, v), _, _ = make_inputs("none", 1, 8, 2, 16, 16)
     with pytest.raises(AssertionError, match=r"g \(1, 8\)"):
-        kernels.chunk_decay_additive(q, k, v, torch.zeros(1, 8, device=DEV))
+        triton_ops.chunk_decay_additive(q, k, v, torch.zeros(1, 8, device=DEV))

@@ -8,7 +8,7 @@ import torch
 
 from test_kernels_additive import CUDA, check_against_recurrence, make_inputs
 
-import kernels
+import triton_ops
 
 GATES = ["none", "head_const", "head", "channel"]
 
@@ -41,7 +41,7 @@ def test_65k_tokens_extreme_gates_finite_cuda(gate):
     (q, k, v), g, h0 = make_inputs(gate, B, T, H, D, D, "cuda", torch.bfloat16)
     g = g * torch.logspace(-4, 3, g.numel(), device="cuda").reshape(g.shape)
     leaves = [x.requires_grad_(True) for x in (q, k, v, g, h0)]
-    o, ht = kernels.chunk_decay_additive(*leaves)
+    o, ht = triton_ops.chunk_decay_additive(*leaves)
     (o.float().square().mean() + ht.square().mean()).backward()
     for x in [o, ht] + [x.grad for x in leaves]:
         assert torch.isfinite(x).all()

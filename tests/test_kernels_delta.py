@@ -1,4 +1,4 @@
-"""Triton kernels of the delta-rule family (kernels.chunk_delta_rule).
+"""Triton kernels of the delta-rule family (triton_ops.chunk_delta_rule).
 
 S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T (scale q_t),
 with g none (DeltaNet) / [B,T,H] (Gated DeltaNet) / [B,T,H,Dk] (KDA). Ground truth is
@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 pytest.importorskip("triton")
-import kernels  # noqa: E402
+import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 from gradients import bounded_gates, run_and_grad  # noqa: E402
 
@@ -58,7 +58,7 @@ def check_against_recurrence(gate, B, T, H, K, V, with_state, device, dtype, tol
     dht = torch.randn(B, H, K, V, generator=gen, device=device) if with_state else None
     scale = 0.3  # not Dk**-0.5, so a missing or doubled scale shows
     bound = {"gate_min": mixers.GATE_MIN} if gate == "bounded" else {}
-    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale, **bound)
+    o, ht, grads = run_and_grad(triton_ops.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale, **bound)
     ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do=do, dht=dht, scale=scale)
     assert o.dtype == v.dtype and ht.dtype == torch.float32 and ht.shape == (B, H, K, V)
     names = ["dq", "dk", "dv", "dbeta"] + (["dg"] if g is not None else []) + (["dh0"] if with_state else [])
@@ -92,17 +92,17 @@ def test_matches_recurrence_fp32(gate, T, with_state):
 def test_state_hands_over():
     # one call over 150 tokens = 70 tokens, then 1 token, then 79, each from the last state
     (q, k, v), beta, g, h0 = make_inputs("channel", 1, 150, 2, 16, 16)
-    whole, hw = kernels.chunk_delta_rule(q, k, v, beta, g, h0)
+    whole, hw = triton_ops.chunk_delta_rule(q, k, v, beta, g, h0)
     outs, h = [], h0
     for a, b in [(0, 70), (70, 71), (71, 150)]:
-        o, h = kernels.chunk_delta_rule(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], g[:, a:b], h)
+        o, h = triton_ops.chunk_delta_rule(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], g[:, a:b], h)
         outs.append(o)
     assert rel(torch.cat(outs, 1), whole) < 1e-5 and rel(h, hw) < 1e-5
 
 
 def test_default_scale_and_no_state():
     (q, k, v), beta, g, _ = make_inputs("head", 1, 30, 2, 16, 16)
-    o, ht = kernels.chunk_delta_rule(q, k, v, beta, g)
+    o, ht = triton_ops.chunk_delta_rule(q, k, v, beta, g)
     ro, rht = reference(q, k, v, beta, g, None)
     assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
 
@@ -114,7 +114,7 @@ def test_extreme_gates_stay_finite_and_exact():
     gen = torch.Generator(DEV).manual_seed(1)
     g = -torch.rand(1, 70, 1, 16, generator=gen, device=DEV) ** 4 * torch.tensor([0.0, 1.0, 30.0, 1e4], device=DEV).repeat(4)
     do, dht = torch.randn(1, 70, 1, 16, device=DEV), torch.randn(1, 1, 16, 16, device=DEV)
-    o, ht, grads = run_and_grad(kernels.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
+    o, ht, grads = run_and_grad(triton_ops.chunk_delta_rule, q, k, v, beta, g, h0, do=do, dht=dht)
     ro, rht, rgrads = run_and_grad(reference, q, k, v, beta, g, h0, do=do, dht=dht)
     for x in [o, ht] + grads:
         assert torch.isfinite(x).all()
@@ -130,7 +130,7 @@ def test_chunked_forms_match_the_recurrence_at_the_gate_floor():
     (q, k, v), beta, g, h0 = make_inputs("channel", 1, 100, 2, 16, 16)
     g = torch.full_like(g, mixers.GATE_MIN)
     ro, rht = reference(q, k, v, beta, g, h0)
-    for fn in (mixers.chunk_delta_rule, kernels.chunk_delta_rule):
+    for fn in (mixers.chunk_delta_rule, triton_ops.chunk_delta_rule):
         o, ht = fn(q, k, v, beta, g, h0, gate_min=mixers.GATE_MIN)
         assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5, fn.__module__
 
@@ -148,7 +148,7 @@ def test_later_gates_never_reach_earlier_outputs_or_gradients():
     runs = []
     for inputs in [(q, k, v, beta, g), (late(q), late(k), late(v), late(beta), late(g, mixers.GATE_MIN))]:
         leaves = [x.detach().clone().requires_grad_() for x in inputs]
-        o, _ = kernels.chunk_delta_rule(*leaves, h0, gate_min=mixers.GATE_MIN)
+        o, _ = triton_ops.chunk_delta_rule(*leaves, h0, gate_min=mixers.GATE_MIN)
         o[:, :t0 + 1].square().sum().backward()
         runs.append([o[:, :t0 + 1]] + [x.grad[:, :t0 + 1] for x in leaves])
     for name, a, b in zip(["o", "dq", "dk", "dv", "dbeta", "dg"], *runs):
@@ -158,4 +158,4 @@ def test_later_gates_never_reach_earlier_outputs_or_gradients():
 def test_a_gate_bound_too_loose_for_the_products_is_named():
     (q, k, v), beta, g, _ = make_inputs("channel", 1, 20, 1, 16, 16)
     with pytest.raises(ValueError, match=r"gate_min=-10"):
-        kernels.chunk_delta_rule(q, k, v, beta, g, gate_min=-10.0)
+        triton_ops.chunk_delta_rule(q, k, v, beta, g, gate_min=-10.0)

@@ -1,4 +1,4 @@
-"""The fused training glue of kernels.py section 5: short_conv, distill_loss_grad and the norms.
+"""The fused training glue of triton_ops.py section 5: short_conv, distill_loss_grad and the norms.
 
 short_conv against mixers.ShortConv's PyTorch form (F.conv1d, then SiLU) in fp64: output and the
 gradients of x and the weights. distill_loss_grad against autograd through distill.cross_entropy and
@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 import distill  # noqa: E402
-import kernels  # noqa: E402
+import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -56,7 +56,7 @@ def tiny_layer(mixer):
 
 def conv_kernel(x, w, dy):
     x, w = x.detach().to(DEV).requires_grad_(), w.detach().float().to(DEV).requires_grad_()
-    y = kernels.short_conv(x, w)
+    y = triton_ops.short_conv(x, w)
     return y.cpu(), [g.cpu() for g in torch.autograd.grad(y, (x, w), dy.to(DEV, y.dtype))]
 
 
@@ -93,7 +93,7 @@ def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2, t0):
     grads_ref = torch.autograd.grad(refs, (big, conv.weight), dys)
     bigk = big.detach().float().to(DEV).requires_grad_()
     wk = w.to(DEV).requires_grad_()
-    ys = kernels.short_conv(bigk[:, t0:, : 3 * H * D], wk, parts=3, l2_parts=l2, head_dim=D)
+    ys = triton_ops.short_conv(bigk[:, t0:, : 3 * H * D], wk, parts=3, l2_parts=l2, head_dim=D)
     assert all(y.is_contiguous() and y.shape == (B, T, H * D) for y in ys)
     grads = torch.autograd.grad(ys, (bigk, wk), [d.float().to(DEV) for d in dys])
     assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(ys, refs))
@@ -110,7 +110,7 @@ def test_layer_heads_keep_the_tail_for_decoding(mixer):
         out = {}
         for on in (True, False):
             cache = {}
-            out[on] = [t.contiguous() for t in layer.heads(kernels if on else mixers.TORCH, qkv, cache)] + [cache["conv"]]
+            out[on] = [t.contiguous() for t in layer.heads(triton_ops if on else mixers.TORCH, qkv, cache)] + [cache["conv"]]
         assert all(a.shape == b.shape for a, b in zip(out[True], out[False]))
         torch.testing.assert_close(out[True], out[False])
 
@@ -124,7 +124,7 @@ def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
 
 
 def loss_kernel(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
-    ce, kl, dz = kernels.distill_loss_grad(z.to(DEV), None if t is None else t.to(DEV), y.to(DEV), ce_weight,
+    ce, kl, dz = triton_ops.distill_loss_grad(z.to(DEV), None if t is None else t.to(DEV), y.to(DEV), ce_weight,
                                            kl_weight, temperature)
     return (ce_weight * ce + kl_weight * kl).cpu(), ce.cpu(), kl.cpu(), dz.cpu()
 
@@ -221,7 +221,7 @@ def test_rms_norm_gate_matches_pytorch(N, D, act):
     refs = torch.autograd.grad(y_ref, (xr, norm.weight) + ((zr,) if act else ()), dy)
     xk, zk = x.float().to(DEV).requires_grad_(), z.float().to(DEV).requires_grad_()
     w = norm.weight.detach().float().to(DEV).requires_grad_()
-    y = kernels.rms_norm_gate(xk, w, zk if act else None, act)
+    y = triton_ops.rms_norm_gate(xk, w, zk if act else None, act)
     grads = torch.autograd.grad(y, (xk, w) + ((zk,) if act else ()), dy.float().to(DEV))
     y, grads = y.cpu(), [g.cpu() for g in grads]
     assert rel(y, y_ref) < 1e-6 and all(rel(g, r) < 1e-5 for g, r in zip(grads, refs))
@@ -237,7 +237,7 @@ def test_rms_norm_gate_reads_a_strided_gate():
     for strided in (True, False):
         xk, bigk, wk = (t.clone().to(DEV).requires_grad_() for t in (x, big, w))
         z = bigk[..., : H * D].reshape(B, T, H, D)
-        y = kernels.rms_norm_gate(xk, wk, z if strided else z.contiguous(), "silu")
+        y = triton_ops.rms_norm_gate(xk, wk, z if strided else z.contiguous(), "silu")
         out.append([y] + list(torch.autograd.grad(y, (xk, bigk, wk), dy.to(DEV))))
     assert all(rel(a.cpu(), b.cpu()) < 1e-6 for a, b in zip(*out))
 
@@ -250,7 +250,7 @@ def test_l2_normalize_matches_f_normalize():
     y_ref = torch.nn.functional.normalize(xr, dim=-1)
     (dx_ref,) = torch.autograd.grad(y_ref, xr, dy.double())
     xk = x.to(DEV).requires_grad_()
-    y = kernels.l2_normalize(xk)
+    y = triton_ops.l2_normalize(xk)
     (dx,) = torch.autograd.grad(y, xk, dy.to(DEV))
     y, dx = y.cpu(), dx.cpu()
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-5 and y[0, 0, 0].abs().max() == 0
@@ -272,7 +272,7 @@ def test_log_decays_match_pytorch(kind, shape, strided):
     def run(big, A_log, dt, kern):
         a = big[..., :HK]
         a = a.view(shape) if strided else a.contiguous().view(shape)
-        f = kernels if kern else mixers
+        f = triton_ops if kern else mixers
         return f.softplus_decay(a, A_log, dt) if kind == "softplus" else f.sigmoid_decay(a, A_log, dt, -5.0)
 
     leaves = [t.clone().requires_grad_() for t in (big, A_log, dt)]

@@ -1,4 +1,4 @@
-"""kernels.py's custom operators (namespace linearize): torch.compile, opcheck and distill_loss.
+"""triton_ops.py's custom operators (namespace linearize): torch.compile, opcheck and distill_loss.
 
 (a) torch.compile(fullgraph=True) over every public function: one graph (no break) holding the
     expected operator, opaque, and the same outputs and gradients as eager, bit for bit: the
@@ -7,7 +7,7 @@
 (b) torch.library.opcheck on the forward operators and the two families' backward operators:
     the schema (no input mutated or returned), the autograd registration, the fake
     implementation against the real one, and AOT dispatch with dynamic shapes.
-(c) kernels.distill_loss against F.cross_entropy and log_softmax in float64: values, gradient
+(c) triton_ops.distill_loss against F.cross_entropy and log_softmax in float64: values, gradient
     (times an incoming gradient), rows that do not count, a temperature, no teacher.
 (d) the backward of an operator with outputs nobody differentiates (the state and what the
     forward keeps for the backward; the loss's logged parts) fills no tensor of zeros for their
@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 pytest.importorskip("triton")
-import kernels  # noqa: E402
+import triton_ops  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,7 +64,7 @@ def additive(gate, gate_min=None):
     def make(gen):
         return [rnd(gen, B, T, H, K), rnd(gen, B, T, H, K), rnd(gen, B, T, H, V), gate_of(gen, gate),
                 rnd(gen, B, H, K, V)]
-    return lambda q, k, v, g, h0: kernels.chunk_decay_additive(q, k, v, g, h0, scale=0.3, chunk_size=16,
+    return lambda q, k, v, g, h0: triton_ops.chunk_decay_additive(q, k, v, g, h0, scale=0.3, chunk_size=16,
                                                                gate_min=gate_min), make
 
 
@@ -74,9 +74,9 @@ def delta(gate, gate_min=None):
         beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, device=DEV)).requires_grad_()
         return [rnd(gen, B, T, H, K), k, rnd(gen, B, T, H, V), beta, gate_of(gen, gate), rnd(gen, B, H, K, V)]
     if gate_min is not None:  # gates floored at gate_min: the bounded kernels
-        return lambda q, k, v, beta, g, h0: kernels.chunk_delta_rule(q, k, v, beta, g.clamp(min=gate_min), h0,
+        return lambda q, k, v, beta, g, h0: triton_ops.chunk_delta_rule(q, k, v, beta, g.clamp(min=gate_min), h0,
                                                                      gate_min=gate_min), make
-    return lambda q, k, v, beta, g, h0: kernels.chunk_delta_rule(q, k, v, beta, g, h0), make  # default scale
+    return lambda q, k, v, beta, g, h0: triton_ops.chunk_delta_rule(q, k, v, beta, g, h0), make  # default scale
 
 
 def step(family, gate):
@@ -87,8 +87,8 @@ def step(family, gate):
         return [rnd(gen, B, 1, H, K, grad=False), rnd(gen, B, 1, H, K, grad=False), rnd(gen, B, 1, H, V, grad=False),
                 beta, g, rnd(gen, B, H, K, V, grad=False)]
     if family == "delta":
-        return lambda q, k, v, beta, g, h0: kernels.recurrent_step_delta_rule(q, k, v, beta, g, h0), make
-    return lambda q, k, v, beta, g, h0: kernels.recurrent_step_decay_additive(q, k, v, g, h0, 0.3), make
+        return lambda q, k, v, beta, g, h0: triton_ops.recurrent_step_delta_rule(q, k, v, beta, g, h0), make
+    return lambda q, k, v, beta, g, h0: triton_ops.recurrent_step_decay_additive(q, k, v, g, h0, 0.3), make
 
 
 def logits(gen, grad=True):
@@ -106,28 +106,28 @@ CASES += [("chunk_delta_rule-channel-bounded", "delta_rule_fwd", *delta("channel
 CASES += [("recurrent_step_decay_additive", "recurrent_step_decay_additive", *step("additive", "channel")),
           ("recurrent_step_delta_rule", "recurrent_step_delta_rule", *step("delta", "head"))]
 CASES += [
-    ("short_conv", "short_conv_fwd", lambda x, w: kernels.short_conv(x, w),
+    ("short_conv", "short_conv_fwd", lambda x, w: triton_ops.short_conv(x, w),
      lambda gen: [rnd(gen, B, T, 3 * H * K), rnd(gen, 3 * H * K, 4)]),
     # q, k, v cut from a slice of a wider projection, q and k L2-normalized per head
     ("short_conv-qkv", "short_conv_fwd",
-     lambda x, w: kernels.short_conv(x[..., : 3 * H * K], w, parts=3, l2_parts=2, head_dim=K),
+     lambda x, w: triton_ops.short_conv(x[..., : 3 * H * K], w, parts=3, l2_parts=2, head_dim=K),
      lambda gen: [rnd(gen, B, T, 3 * H * K + 8), rnd(gen, 3 * H * K, 4)]),
-    ("rms_norm_gate", "norm_fwd", lambda x, w: kernels.rms_norm_gate(x, w),
+    ("rms_norm_gate", "norm_fwd", lambda x, w: triton_ops.rms_norm_gate(x, w),
      lambda gen: [rnd(gen, B, T, H, K), rnd(gen, K)]),
     # the gate a slice of a wider projection, as the mixers pass it
     ("rms_norm_gate-silu", "norm_fwd",
-     lambda x, w, z: kernels.rms_norm_gate(x, w, z[..., H * K:].unflatten(-1, (H, K)), "silu"),
+     lambda x, w, z: triton_ops.rms_norm_gate(x, w, z[..., H * K:].unflatten(-1, (H, K)), "silu"),
      lambda gen: [rnd(gen, B, T, H, K), rnd(gen, K), rnd(gen, B, T, 2 * H * K)]),
-    ("l2_normalize", "norm_fwd", kernels.l2_normalize, lambda gen: [rnd(gen, B, T, H, K)]),
-    ("softplus_decay-head", "log_decay_fwd", lambda a, A, b: kernels.softplus_decay(a[..., :H], A, b),
+    ("l2_normalize", "norm_fwd", triton_ops.l2_normalize, lambda gen: [rnd(gen, B, T, H, K)]),
+    ("softplus_decay-head", "log_decay_fwd", lambda a, A, b: triton_ops.softplus_decay(a[..., :H], A, b),
      lambda gen: [rnd(gen, B, T, H + 3), rnd(gen, H), rnd(gen, H)]),
-    ("softplus_decay-channel", "log_decay_fwd", kernels.softplus_decay,
+    ("softplus_decay-channel", "log_decay_fwd", triton_ops.softplus_decay,
      lambda gen: [rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K)]),
-    ("sigmoid_decay-channel", "log_decay_fwd", lambda a, A, b: kernels.sigmoid_decay(a, A, b, -5.0),
+    ("sigmoid_decay-channel", "log_decay_fwd", lambda a, A, b: triton_ops.sigmoid_decay(a, A, b, -5.0),
      lambda gen: [rnd(gen, B, T, H, K), rnd(gen, H), rnd(gen, H * K)]),
-    ("distill_loss", "distill_loss", lambda z, t, y: kernels.distill_loss(z, t, y, 0.7, 1.3, 2.0), logits),
-    ("distill_loss-ce", "distill_loss", lambda z, t, y: kernels.distill_loss(z, None, y), logits),
-    ("distill_loss_grad", "distill_loss", lambda z, t, y: kernels.distill_loss_grad(z, t, y, 0.7, 1.3, 2.0),
+    ("distill_loss", "distill_loss", lambda z, t, y: triton_ops.distill_loss(z, t, y, 0.7, 1.3, 2.0), logits),
+    ("distill_loss-ce", "distill_loss", lambda z, t, y: triton_ops.distill_loss(z, None, y), logits),
+    ("distill_loss_grad", "distill_loss", lambda z, t, y: triton_ops.distill_loss_grad(z, t, y, 0.7, 1.3, 2.0),
      lambda gen: logits(gen, grad=False)),
 ]
 
@@ -303,7 +303,7 @@ def test_distill_loss_equals_torch_fp64(teacher):
     y = torch.randint(0, Vv, (N,), generator=gen, device=DEV)
     y[::3] = -1  # rows 0, 3, 6, 9 do not count
     zl = z.clone().requires_grad_()
-    loss, ce, kl = kernels.distill_loss(zl, t, y, cw, kw, temp)
+    loss, ce, kl = triton_ops.distill_loss(zl, t, y, cw, kw, temp)
     (1.7 * loss).backward()  # an incoming gradient != 1: the backward scales the kept gradient
     z64 = z.double().requires_grad_()
     rloss, rce, rkl = torch_distill_loss(z64, t, y, cw, kw, temp)
@@ -326,7 +326,7 @@ def test_distill_loss_bf16_gradient_in_logits_dtype():
     t = (3 * torch.randn(8, 300, generator=gen, device=DEV)).bfloat16()
     y = torch.randint(0, 300, (8,), generator=gen, device=DEV)
     zl = z.clone().requires_grad_()
-    loss, _, _ = kernels.distill_loss(zl, t, y, 1.0, 0.5, 1.5)
+    loss, _, _ = triton_ops.distill_loss(zl, t, y, 1.0, 0.5, 1.5)
     loss.backward()
     z64 = z.double().requires_grad_()
     torch_distill_loss(z64, t, y, 1.0, 0.5, 1.5)[0].backward()
@@ -338,7 +338,7 @@ def test_distill_loss_no_row_counts():
     """Every target -1: loss, ce, kl and the gradient are 0 (not NaN, as a mean over no rows)."""
     gen = torch.Generator(DEV).manual_seed(5)
     zl = torch.randn(4, 50, generator=gen, device=DEV).requires_grad_()
-    loss, ce, kl = kernels.distill_loss(zl, torch.randn(4, 50, generator=gen, device=DEV),
+    loss, ce, kl = triton_ops.distill_loss(zl, torch.randn(4, 50, generator=gen, device=DEV),
                                         torch.full((4,), -1, device=DEV))
     loss.backward()
     assert loss.item() == ce.item() == kl.item() == 0.0 and torch.all(zl.grad == 0)

@@ -1,4 +1,4 @@
-"""Fused one-token decoding kernels (kernels.recurrent_step_decay_additive / _delta_rule).
+"""Fused one-token decoding kernels (triton_ops.recurrent_step_decay_additive / _delta_rule).
 
 Ground truth is mixers._step, the PyTorch step mixers.py decodes with, run in fp64. The fp32
 claims, at value widths that are not powers of two (mLSTM decodes with Dv = head_dim + 1), run
@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 pytest.importorskip("triton")
-import kernels  # noqa: E402
+import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where every claim runs
@@ -45,8 +45,8 @@ def make_inputs(family, gate, B, T, H, K, V, device=DEV, dtype=torch.float32, se
 
 def kernel_step(q, k, v, beta, g, h0, scale):
     if beta is None:
-        return kernels.recurrent_step_decay_additive(q, k, v, g, h0, scale)
-    return kernels.recurrent_step_delta_rule(q, k, v, beta, g, h0, scale)
+        return triton_ops.recurrent_step_decay_additive(q, k, v, g, h0, scale)
+    return triton_ops.recurrent_step_delta_rule(q, k, v, beta, g, h0, scale)
 
 
 def reference_step(q, k, v, beta, g, h0, scale):
@@ -102,9 +102,9 @@ def test_step_refuses_gradients():
     """No backward exists, so inputs that require gradients are an error, not a silent detach."""
     q, k, v, beta, g, h0 = make_inputs("delta", "head", B=1, T=1, H=2, K=16, V=17)
     with pytest.raises(AssertionError, match="no_grad"):
-        kernels.recurrent_step_delta_rule(q.requires_grad_(), k, v, beta, g, h0)
+        triton_ops.recurrent_step_delta_rule(q.requires_grad_(), k, v, beta, g, h0)
     with torch.no_grad():  # the way model.generate calls it
-        kernels.recurrent_step_delta_rule(q, k, v, beta, g, h0)
+        triton_ops.recurrent_step_delta_rule(q, k, v, beta, g, h0)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")

@@ -412,7 +412,7 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
     # and 9.7% for the kernels; in another run 7.5% against 12.6% in layer 1. For those the bound
     # is twice PyTorch's bf16 error plus 5%, at most 20%; the fp32 run above (2%) is the check
     # that the kernels compute the right gradient.
-    import kernels
+    import triton_ops
 
     torch.manual_seed(0)
     cfg = model.Config(vocab_size=512, n_layer=2, n_embd=256, n_head=4, n_kv_head=2, intermediate_size=512)
@@ -420,8 +420,8 @@ def test_students_train_through_the_kernels_on_gpu(mixer, monkeypatch):
     x = torch.randint(0, 512, (2, 300), device="cuda")
     dtypes = []
     for name in ("chunk_decay_additive", "chunk_delta_rule"):
-        fn = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda q, *a, _fn=fn, **kw: dtypes.append(q.dtype) or _fn(q, *a, **kw))
+        fn = getattr(triton_ops, name)
+        monkeypatch.setattr(triton_ops, name, lambda q, *a, _fn=fn, **kw: dtypes.append(q.dtype) or _fn(q, *a, **kw))
 
     def step(use_kernels, bf16):
         student.set_backend("triton" if use_kernels else "torch")

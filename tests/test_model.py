@@ -1,7 +1,9 @@
 """The teacher: our SmolLM2 against transformers' own Llama, and the loader's error messages."""
 
+import importlib.metadata
 import json
 import os
+import pathlib
 
 import pytest
 import torch
@@ -10,6 +12,17 @@ import checkpoint
 import model as M
 
 transformers = pytest.importorskip("transformers")
+
+
+def test_no_module_of_ours_hides_an_installed_package():
+    # scripts and tests import the project's modules from the checkout, ahead of site-packages, so
+    # a module named like an installed package hides that package from whoever imports it: from
+    # transformers 5.25, which imports Hugging Face's `kernels`, when triton_ops.py was kernels.py
+    root = pathlib.Path(__file__).resolve().parent.parent
+    ours = {p.stem for p in root.glob("*.py")} | {p.parent.name for p in root.glob("*/__init__.py")}
+    installed = importlib.metadata.packages_distributions()
+    assert ours >= {"model", "mixers", "triton_ops", "data"}
+    assert {name: installed[name] for name in ours if name in installed} == {}
 
 
 def hf_gguf_teacher():
