@@ -1618,8 +1618,7 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
             b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
             b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
         b_cp *= tl.exp(b_gla[None, :] - b_gs)
-        p_cs = p_dP + (s * BC) * (H * BT) + s * BC
-        p_ca = p_dA + (s * BC) * (H * BT) + s * BC
+        b_dn = tl.exp(b_gs - b_gf[None, :])                                            # [BC, BK] <= 1
         if BOUNDED:
             # diagonal sub-block, bounded gates: products against the first row of s on both
             # sides (an anchor no later than any row, so no later gate reaches an earlier
@@ -1631,17 +1630,18 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
             b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
             b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
             b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
-            b_dn = tl.exp(b_gs - b_gf[None, :])                                        # [BC, BK] <= 1
             b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
                             + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
-        b_rp *= tl.exp(b_gs - b_gf[None, :])
-        b_ra *= tl.exp(b_gs - b_gf[None, :])
+        b_rp *= b_dn
+        b_ra *= b_dn
         if BOUNDED:
             b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
             b_rp += b_dpd * b_ks
             b_cp += b_dpd * b_qs
         else:
             # diagonal sub-block, exact: loop over the row/column j inside s
+            p_cs = p_dP + (s * BC) * (H * BT) + s * BC
+            p_ca = p_dA + (s * BC) * (H * BT) + s * BC
             for j in range(BC):
                 t_j = i_t * BT + s * BC + j
                 m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
