@@ -173,10 +173,10 @@ def profile_kernels(name, shape, emit, steps=5):
             run()
         torch.cuda.synchronize()
     # kernel events only: the ops that launch them carry the same time again
-    kernels_ = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in kernels_) / steps / 1000
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels) / steps / 1000
     emit(f"\n{name} at {shape}: {total:.3f} ms of kernels per forward+backward")
-    for e in sorted(kernels_, key=lambda e: -e.self_device_time_total):
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total):
         ms = e.self_device_time_total / steps / 1000
         emit(f"  {ms:7.3f} ms  {100 * ms / total:4.1f}%  x{e.count // steps}  {e.key[:70]}")
 

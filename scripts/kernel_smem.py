@@ -31,10 +31,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 
 
-def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta", "glue"), kernels_=None):
+def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta", "glue"), kernels=None):
     """Run the public functions in Triton's interpreter; the distinct launches they make, as
     [kernel name, {argument: ["ptr", "*<dtype>"] or ["val", value]}, {num_warps, num_stages}].
-    kernels_: keep only launches of these kernel names. Needs TRITON_INTERPRET=1 before triton
+    kernels: keep only launches of these kernel names. Needs TRITON_INTERPRET=1 before triton
     is imported."""
     import torch
     import triton.runtime.interpreter as interpreter
@@ -56,7 +56,7 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
                 raise TypeError(f"{self.fn.__name__}: argument {n} is a {v.dtype} tensor, not one of {list(ptr_types)}")
         enc = {n: ["ptr", "*" + ptr_types[v.dtype]] if torch.is_tensor(v) else ["val", v]
                for n, v in values.items()}
-        if kernels_ is None or self.fn.__name__ in kernels_:
+        if kernels is None or self.fn.__name__ in kernels:
             launch = [self.fn.__name__, enc, opts]
             found[json.dumps(launch, sort_keys=True)] = launch
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)

@@ -25,7 +25,7 @@ spec.loader.exec_module(kernel_smem)
 
 def test_sequential_delta_kernels_fit_sm90_shared_memory_in_fp32():
     found = kernel_smem.launches(dtypes=["fp32"], dims=[128], families=["delta"],
-                                 kernels_={"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"})
+                                 kernels={"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"})
     assert {name for name, *_ in found} == {"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"}
     rows = kernel_smem.compile_all(found, jobs=2)
     assert len(rows) >= 6  # two kernels x three gate granularities
@@ -37,7 +37,7 @@ def test_sequential_delta_kernels_fit_sm90_shared_memory_in_fp32():
 def test_the_check_sees_a_launch_that_does_not_fit():
     # the same kernels at three pipeline stages are over the limit: the measurement can fail
     found = kernel_smem.launches(dtypes=["fp32"], dims=[128], families=["delta"],
-                                 kernels_={"_delta_bwd_dh_kernel"})
+                                 kernels={"_delta_bwd_dh_kernel"})
     for _, _, opts in found:
         opts["num_stages"] = 3
     rows = kernel_smem.compile_all(found[:1], jobs=1)
@@ -48,7 +48,7 @@ def test_a_row_stride_that_divides_by_16_gives_wide_loads():
     # the short conv reads x as a slice of a wider projection: with rows 3 H D + 8 channels apart
     # (no multiple of 16) the compiled kernel falls back to 2-byte loads, with contiguous rows of
     # 3 H D = 384 channels it loads 16 bytes at a time; hence mixers.ROW_ALIGN
-    found = kernel_smem.launches(dtypes=["bf16"], dims=[64], families=["glue"], kernels_={"_conv_fwd_kernel"})
+    found = kernel_smem.launches(dtypes=["bf16"], dims=[64], families=["glue"], kernels={"_conv_fwd_kernel"})
     rows = kernel_smem.compile_all(found, jobs=2)
     loads = sorted((r[4]["narrow"], r[4]["wide"]) for r in rows)
     assert len(loads) == 2 and loads[0][0] == 0 and loads[0][1] > 0 and loads[1][0] > 0, loads
