@@ -14,7 +14,7 @@ shapes never change:
   - softmax attention keeps its keys and values in a buffer of fixed length W (the prompt and
     every token to come, or the window of sliding-window attention) written at slot pos % W,
     with each slot's position beside it, and attends over the whole buffer, masked to the slots
-    the token may see (model.Attention.static_step; gpt-fast's static KV cache).
+    the token may see (attention_step below; gpt-fast's static KV cache).
 One step (the model on the last token at position pos, the caches updated, pos advanced) is
 captured once in a CUDA graph and replayed for every token; sampling stays outside it. A replay
 still runs every kernel the step holds, some 45 a block, each a few microseconds of fixed cost;
@@ -28,9 +28,13 @@ References:
    and outputs, capture records and does not run)
 """
 
+import math
+
 import torch
 
 import model as M
+
+SLOTS = 512  # a static cache longer than this holds a whole number of slices of SLOTS slots
 
 
 def static_caches(net, caches, T, total):
@@ -44,8 +48,8 @@ def static_caches(net, caches, T, total):
             continue  # a mixer's state and conv tail are static as they are
         k, v = cache["k"], cache["v"]  # (B, n_kv, n, D): the last n positions of the prompt
         W = min(attn.window, total) if attn.window > 0 else total
-        if W > M.SLOTS:  # a whole number of slices of slots; a ring longer than its window still
-            W = -(-W // M.SLOTS) * M.SLOTS  # holds the window (the mask hides older positions)
+        if W > SLOTS:  # a whole number of slices of slots; a ring longer than its window still
+            W = -(-W // SLOTS) * SLOTS  # holds the window (the mask hides older positions)
         B, H, n, D = k.shape
         positions = torch.arange(T - n, T, device=dev)
         slots = positions % W
@@ -57,15 +61,56 @@ def static_caches(net, caches, T, total):
     return pos
 
 
+def attention_step(attn, x, rope, cache):
+    """Softmax attention (a model.Attention) of one new token x [B, 1, C] over its static cache:
+    keys and values [B, n_kv, W, D], written at slot pos % W, and slot_pos [W] the position each
+    slot holds (-1: empty); cache["pos"] is the token's position, a 0-d tensor. No shape depends
+    on pos, so the step can be captured in a CUDA graph. Returns [B, 1, C]."""
+    q, k, v = attn.qkv(x, rope)  # (B, H, 1, D), (B, n_kv, 1, D) twice
+    pos, slot_pos = cache["pos"], cache["slot_pos"]
+    slot = (pos % slot_pos.shape[0]).view(1)
+    cache["k"].index_copy_(2, slot, k.to(cache["k"].dtype))
+    cache["v"].index_copy_(2, slot, v.to(cache["v"].dtype))
+    slot_pos.index_copy_(0, slot, pos.view(1))
+    mask = (slot_pos >= 0) & (slot_pos <= pos)  # (W,): the slots this token sees
+    if attn.window > 0:
+        mask = mask & (slot_pos > pos - attn.window)
+    # written out: the `rep` query heads of a KV head are its queries at one position, so the
+    # cache is read as it is, never repeated for the query heads
+    k, v = cache["k"], cache["v"]  # (B, n_kv, W, D)
+    B, H, _, D = q.shape
+    n, W = attn.n_kv_head, k.shape[2]
+    q, kt = q.reshape(B * n, H // n, D), k.view(B * n, W, D).transpose(1, 2)
+    # scores in fp32, as FlashAttention keeps them: a bf16 product would round them first. On
+    # CUDA the product reads the bf16 cache as it is and sums and writes in fp32; elsewhere
+    # the same numbers come from fp32 copies
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        att = torch.bmm(q, kt, out_dtype=torch.float32)
+    else:
+        att = torch.bmm(q.float(), kt.float())
+    att = att.view(B, n, H // n, W) * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
+    p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+    # p @ v over W slots as S products over slices of SLOTS slots, then summed: one product of
+    # two short sides over a long one would keep only a few of a GPU's cores busy
+    S = W // SLOTS if W % SLOTS == 0 else 1
+    y = (p.view(B, n, -1, S, W // S).transpose(2, 3) @ v.view(B, n, S, W // S, D)).float().sum(2)
+    return attn.o_proj(y.to(v.dtype).reshape(B, H * D)[:, None])  # (B, 1, C)
+
+
 def block_step(block, x, rope, cache):
-    """One block on one token, its cache's new tensors written over the old ones (copy_): the
+    """One block (model.Block.forward's two lines) on one token, its cache written in place: the
     buffers a CUDA graph reads and writes stay the same."""
-    work = dict(cache)  # the block puts its new tensors here
-    x = block(x, rope, work)
-    for key, t in work.items():
-        if t is not cache[key]:
-            cache[key].copy_(t)
-    return x
+    h = block.input_layernorm(x)
+    if isinstance(block.self_attn, M.Attention):
+        a = attention_step(block.self_attn, h, rope, cache)
+    else:  # a mixer's new state and conv tail, of the old ones' shapes, written over them (copy_)
+        work = dict(cache)
+        a = block.self_attn(h, rope, work)
+        for key, t in work.items():
+            if t is not cache[key]:
+                cache[key].copy_(t)
+    x = x + a
+    return x + block.mlp(block.post_attention_layernorm(x))
 
 
 class Decoder:
@@ -96,10 +141,13 @@ class Decoder:
             self.capture()
 
     def _step(self):
-        net = self.net
-        logits = net.lm_head(net.hidden(self.tok, self.caches, self.pos, run=self.block))[:, -1]
+        net = self.net  # model.SmolLM2.hidden on one token, each block through block_step
+        x = net.model.embed_tokens(self.tok)  # (B, 1, C)
+        rope = net.rope(1, self.pos, x.device)
+        for block, cache in zip(net.model.layers, self.caches):
+            x = self.block(block, x, rope, cache)
         self.pos += 1
-        return logits
+        return net.lm_head(net.model.norm(x))[:, -1]
 
     def capture(self):
         """Record _step in a CUDA graph: two warm-up steps on a side stream (first calls compile

@@ -33,6 +33,8 @@ References:
 3) Chowdhery et al. 2022, PaLM, appendix B (model FLOPs per token, for MFU)
 """
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -43,26 +45,48 @@ import model as M
 # ---------------------------------------------------------------------------------------------
 # The stages
 
-# lr: peak learning rate (the study's). schedule: "wsd" = warmup-stable-decay, "cosine".
-# start: where the student comes from by default, "teacher" (built from it) or a stage name
-# (that stage's checkpoint). data: "text" (plain corpus) or "chat" (ChatML with loss masks).
-# tokens: the study's budget at 135M/360M, the default length of a GPU run (0: one epoch).
+# Each stage's defaults, and the only place they live (defaults() below turns them into train.py's
+# settings, and a run prints its effective settings first):
+#   learning_rate  the study's peak learning rate
+#   schedule       "wsd" (warmup, stable, linear decay) or "cosine"
+#   data           "text" (a plain corpus, data/modern) or "chat" (ChatML with loss masks)
+#   learns         which parameters learn (LEARNS below)
+#   tokens         the study's budget at 135M/360M, the length of a GPU run (None: one epoch of the data)
+#   start          where the student comes from: "teacher" (a new student built from it) or the
+#                  name of the stage whose checkpoint it continues
 STAGES = {
-    "1": dict(lr=2e-4, schedule="wsd", start="teacher", data="text", tokens=80_000_000),
-    "2": dict(lr=2e-3, schedule="wsd", start="1", data="text", tokens=160_000_000),
-    "3": dict(lr=3e-4, schedule="wsd", start="2", data="text", tokens=2_760_000_000),
-    "sft": dict(lr=3e-4, schedule="cosine", start="3", data="chat", tokens=0),
-    "lm": dict(lr=3e-4, schedule="wsd", start="teacher", data="text", tokens=2_760_000_000),
+    "1": dict(learning_rate=2e-4, schedule="wsd", data="text", learns="mixers", tokens=80_000_000, start="teacher"),
+    "2": dict(learning_rate=2e-3, schedule="wsd", data="text", learns="blocks", tokens=160_000_000, start="1"),
+    "3": dict(learning_rate=3e-4, schedule="wsd", data="text", learns="all", tokens=2_760_000_000, start="2"),
+    "sft": dict(learning_rate=3e-4, schedule="cosine", data="chat", learns="all", tokens=None, start="3"),
+    "lm": dict(learning_rate=3e-4, schedule="wsd", data="text", learns="all", tokens=2_760_000_000, start="teacher"),
+}
+
+LEARNS = {  # what learns -> a test on a parameter's name (student.named_parameters())
+    # the token mixer and the norm in front of it; MLPs stay the teacher's
+    "mixers": lambda name: ".self_attn." in name or ".input_layernorm." in name,
+    # whole blocks; the embeddings (tied to the LM head) and the final norm wait
+    "blocks": lambda name: name.startswith("model.layers."),
+    "all": lambda name: True,
 }
 
 
 def learns(name, stage):
-    """True when the parameter called `name` (student.named_parameters()) learns in `stage`."""
-    if stage == "1":  # the token mixer and the norm in front of it; MLPs stay the teacher's
-        return ".self_attn." in name or ".input_layernorm." in name
-    if stage == "2":  # whole blocks; the embeddings (tied to the LM head) and final norm wait
-        return name.startswith("model.layers.")
-    return True  # stage 3, sft, lm: everything
+    """True when the parameter called `name` learns in `stage`."""
+    return LEARNS[STAGES[stage]["learns"]](name)
+
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # the repository's corpora
+
+
+def defaults(stage, mixer, out_dir):
+    """The settings of train.py that STAGES[stage] decides: learning_rate, schedule, data_dir (the
+    stage's corpus in this repository) and init_from ("teacher", or the previous stage's checkpoint)."""
+    st = STAGES[stage]
+    chat = "smoltalk" if os.path.exists(os.path.join(DATA, "smoltalk", "train.bin")) else "sharegpt"
+    data_dir = os.path.relpath(os.path.join(DATA, chat if st["data"] == "chat" else "modern"))
+    init_from = "teacher" if st["start"] == "teacher" else os.path.join(out_dir, mixer, f"stage{st['start']}.pt")
+    return dict(learning_rate=st["learning_rate"], schedule=st["schedule"], data_dir=data_dir, init_from=init_from)
 
 
 def set_trainable(student, stage):

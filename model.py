@@ -128,9 +128,6 @@ def apply_rotary(x, cos, sin):
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-SLOTS = 512  # a static cache longer than this holds a multiple of it (Attention.static_step)
-
-
 class Attention(nn.Module):
     """Causal grouped-query softmax attention; with window > 0, sliding-window attention."""
 
@@ -144,75 +141,38 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=False)
 
-    def forward(self, x, rope, cache=None):
+    def qkv(self, x, rope):
+        """x [B, T, C] -> q [B, H, T, D], k and v [B, n_kv_head, T, D], q and k rotated."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim)
         q, k = rope(q), rope(k)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        if cache is not None and "slot_pos" in cache:  # one token against a static cache (decode.py)
-            return self.o_proj(self.static_step(q, k, v, cache).transpose(1, 2).reshape(B, T, -1))
-        past = 0
+        return (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+
+    def forward(self, x, rope, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, rope)
         if cache is not None:  # decoding: append to the keys and values seen so far
             if "k" in cache:
-                past = cache["k"].shape[2]
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             keep = self.window if self.window > 0 else k.shape[2]  # a window bounds the cache
             cache["k"], cache["v"] = k[:, :, -keep:], v[:, :, -keep:]
         rep = self.n_head // self.n_kv_head  # each KV head serves `rep` query heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        flash = self.backend != "naive"
-        if flash and past == 0 and self.window == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
-        else:  # the same attention written out; queries sit at the end of the key sequence
-            qi = torch.arange(T, device=x.device)[:, None] + (k.shape[2] - T)
-            kj = torch.arange(k.shape[2], device=x.device)[None, :]
-            mask = kj <= qi  # causal: (T, T_keys)
-            if self.window > 0:
-                mask = mask & (kj > qi - self.window)  # and only the last `window` keys
-            if flash:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            else:
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, T_keys)
-                att = att.masked_fill(~mask, float("-inf")).float().softmax(dim=-1).to(q.dtype)
-                y = att @ v  # (B, H, T, D)
+        S = k.shape[2]  # keys: those cached before, then these T; the queries sit at the end
+        plain = S == T and self.window == 0 and self.backend != "naive"  # FlashAttention's causal square
+        if not plain:  # (T, S): the keys each query sees, causal and inside the window
+            qi, kj = torch.arange(S - T, S, device=x.device)[:, None], torch.arange(S, device=x.device)[None, :]
+            mask = (kj <= qi) & (kj > qi - self.window) if self.window > 0 else kj <= qi
+        if self.backend != "naive":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if plain else mask, is_causal=plain)
+        else:  # the same attention written out
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, S)
+            att = att.masked_fill(~mask, float("-inf")).float().softmax(dim=-1).to(q.dtype)
+            y = att @ v  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)  # (B, T, C)
         return self.o_proj(y)
-
-    def static_step(self, q, k, v, cache):
-        """Attention of one new token (q, k, v [B, H, 1, D]) over a cache of fixed length W, as
-        decode.py keeps it: keys and values [B, n_kv, W, D], written at slot pos % W, and
-        slot_pos [W] the position each slot holds (-1: empty); "pos" is the token's position, a
-        0-d tensor. No shape depends on pos, so the step can be captured in a CUDA graph."""
-        pos, slot_pos = cache["pos"], cache["slot_pos"]
-        slot = (pos % slot_pos.shape[0]).view(1)
-        cache["k"].index_copy_(2, slot, k.to(cache["k"].dtype))
-        cache["v"].index_copy_(2, slot, v.to(cache["v"].dtype))
-        slot_pos.index_copy_(0, slot, pos.view(1))
-        mask = (slot_pos >= 0) & (slot_pos <= pos)  # (W,): the slots this token sees
-        if self.window > 0:
-            mask = mask & (slot_pos > pos - self.window)
-        # written out: the `rep` query heads of a KV head are its queries at one position, so the
-        # cache is read as it is, never repeated for the query heads
-        k, v = cache["k"], cache["v"]  # (B, n_kv, W, D)
-        B, H, _, D = q.shape
-        n, W = self.n_kv_head, k.shape[2]
-        q, kt = q.reshape(B * n, H // n, D), k.view(B * n, W, D).transpose(1, 2)
-        # scores in fp32, as FlashAttention keeps them: a bf16 product would round them first. On
-        # CUDA the product reads the bf16 cache as it is and sums and writes in fp32; elsewhere
-        # the same numbers come from fp32 copies
-        if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-            att = torch.bmm(q, kt, out_dtype=torch.float32)
-        else:
-            att = torch.bmm(q.float(), kt.float())
-        att = att.view(B, n, H // n, W) * (1.0 / math.sqrt(D))  # (B, n_kv, rep, W)
-        p = att.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
-        # p @ v over W slots as S products over slices of SLOTS slots, then summed: one product of
-        # two short sides over a long one would keep only a few of a GPU's cores busy
-        S = W // SLOTS if W % SLOTS == 0 else 1
-        y = (p.view(B, n, -1, S, W // S).transpose(2, 3) @ v.view(B, n, S, W // S, D)).float().sum(2)
-        return y.to(v.dtype).reshape(B, H, 1, D)
 
 
 class MLP(nn.Module):
@@ -291,21 +251,18 @@ class SmolLM2(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def rope(self, T, start=0, device=None):
-        """The Rope of positions start .. start + T - 1."""
-        # made on the device, start an int or a 0-d tensor (decode.py's position): capturable in a CUDA graph
+        """The Rope of positions start .. start + T - 1 (start an int, or a 0-d tensor on the device)."""
         positions = torch.arange(T, device=device) + start
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
-    def hidden(self, idx, caches=None, start=0, last_only=False, run=None):
+    def hidden(self, idx, caches=None, start=0, last_only=False):
         """idx [B, T] -> the final hidden states [B, T, C] that the LM head reads (after the
         last norm); forward's arguments (below). Training losses take these and apply the head
-        themselves, a slice of rows at a time. run(block, x, rope, cache) -> x runs each block
-        instead of block(x, rope, cache) (decode.py's step: compiled, its caches written in place)."""
+        themselves, a slice of rows at a time."""
         x = self.model.embed_tokens(idx)  # (B, T, C)
         rope = self.rope(idx.shape[1], start, idx.device)
         for i, block in enumerate(self.model.layers):
-            cache = None if caches is None else caches[i]
-            x = block(x, rope, cache) if run is None else run(block, x, rope, cache)
+            x = block(x, rope, None if caches is None else caches[i])
         if last_only:
             x = x[:, -1:]
         return self.model.norm(x)

@@ -283,6 +283,7 @@ def eval_args(args):
 def check_settings(args):
     """The settings passed on to train.py, evaluate.py and niah.py, checked by their own parsers
     before any work (a bad one would otherwise surface after training)."""
+    import cli
     import evaluate
     import niah
     import train
@@ -294,7 +295,7 @@ def check_settings(args):
         except SystemExit as e:
             if e.code:  # argparse printed its message above
                 sys.exit(f"reproduce.py: {script} refuses these settings: {' '.join(argv)}")
-    given = train.parse_args(words("--extra", args.extra))  # its own one-line errors
+    given = cli.parse(words("--extra", args.extra), train.Settings, train.fail)  # train.py's own one-line errors
     if "max_iters" in given:
         sys.exit("reproduce.py: --extra: --max_iters is set for each stage from --tokens")
     if "window" in given:

@@ -67,7 +67,7 @@ def test_compiled_blocks_decode_as_the_plain_loop(name):
 @torch.no_grad()
 @pytest.mark.parametrize("window", [0, 700])
 def test_caches_longer_than_a_slice_of_slots_decode_as_the_plain_loop(window):
-    # past M.SLOTS slots the buffer is a whole number of slices, attended slice by slice; a
+    # past decode.SLOTS slots the buffer is a whole number of slices, attended slice by slice; a
     # window's ring is then longer than the window, and here wraps around
     torch.manual_seed(0)
     teacher = M.SmolLM2(M.Config(**{**CFG, "n_layer": 1}))
@@ -75,7 +75,7 @@ def test_caches_longer_than_a_slice_of_slots_decode_as_the_plain_loop(window):
     idx = torch.randint(0, 64, (2, 1030), generator=torch.Generator().manual_seed(3))
     want = torch.stack(list(net.generate(idx, 6, temperature=0)), 1)
     dec = decode.Decoder(net, idx, 6, graph=False)
-    assert dec.caches[0]["k"].shape[2] == 2 * M.SLOTS + 512 * (window == 0)  # 1036 or 700 slots rounded up
+    assert dec.caches[0]["k"].shape[2] == 2 * decode.SLOTS + 512 * (window == 0)  # 1036 or 700 slots rounded up
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(5)]
     torch.testing.assert_close(torch.stack(logits, 1), plain_logits(net, idx, want), rtol=1e-5, atol=1e-5)
 

@@ -77,7 +77,7 @@ def args(root, **kw):
                 block_size=32, batch_size=4, grad_accum=1, max_iters=8, eval_interval=8, eval_iters=2,
                 log_interval=1, dtype="float32", device="cpu", learning_rate=1e-2)  # the same on a GPU machine
     base.update(kw)
-    return [f"--{k}={v}" for k, v in base.items()]
+    return [f"--{k}={v}" for k, v in base.items() if v is not None]  # None: the default
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,8 @@ def test_killed_and_resumed_run_gives_bitwise_the_same_losses(setup, tmp_path, m
 
 
 def test_schedules_warm_up_and_decay_to_the_floor():
-    s = train.Settings(max_iters=100, learning_rate=1.0, warmup_frac=0.1, decay_frac=0.2, min_lr_frac=0.1, schedule="wsd")
+    s = train.Settings(max_iters=100, learning_rate=1.0, warmup_frac=0.1, decay_frac=0.2, min_lr_frac=0.1, schedule="wsd",
+                       data_dir="", init_from="teacher")
     lrs = [train.lr_at(i, s) for i in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == 1.0 and lrs[79] == 1.0  # warmup, then stable
     assert all(a > b for a, b in zip(lrs[79:], lrs[80:])) and lrs[-1] == pytest.approx(0.1)  # decays
@@ -313,7 +314,7 @@ def test_bad_settings_stop_with_a_readable_message(setup, tmp_path, bad, says):
 
 def test_bf16_autocast_on_a_gpu_and_fp32_on_a_cpu(tmp_path, monkeypatch):
     # on a CPU without native bf16 (AVX2 alone) a bf16 product runs some 40 times slower than fp32
-    rest = [f"--out_dir={tmp_path}", "--resume=false"]
+    rest = [f"--out_dir={tmp_path}", "--resume=false", "--max_iters=1"]  # a GPU run without one needs the data
     for gpu, device, want in [(False, [], "float32"), (True, [], "bfloat16"), (True, ["--device=cpu"], "float32")]:
         monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
         assert train.settings(rest + device)[0].dtype == want, (gpu, device)
@@ -323,10 +324,10 @@ def test_bf16_autocast_on_a_gpu_and_fp32_on_a_cpu(tmp_path, monkeypatch):
 def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeypatch):
     (tmp_path / "data" / "modern").mkdir(parents=True)  # a checkout whose corpus is not built yet
     (tmp_path / "data" / "modern" / "prepare.py").write_text("")
-    monkeypatch.setattr(train, "ROOT", str(tmp_path))
+    monkeypatch.setattr(distill, "DATA", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        train.main(args(setup, data_dir="", out_dir=tmp_path / "out"))
+        train.main(args(setup, data_dir=None, out_dir=tmp_path / "out"))
     assert "python data/modern/prepare.py" in e.value.code
 
 
@@ -354,8 +355,13 @@ def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path
 
 
 def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    import profile_train
+
     out = setup / "profiled"
-    train.main(args(setup, out_dir=out, stage="lm", mixer="attention", max_iters=2, profile=2))
+    profile_train.main(["--steps=2"] + args(setup, out_dir=out, stage="lm", mixer="attention"))
     base = out / "attention" / "stagelm"
     table = (base.parent / (base.name + "_profile.txt")).read_text()
     assert table.startswith("profile: 2 steps after 3 warm-up") and "aten::mm" in table
