@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from data import need
 import mixers
 import model as M
 
@@ -87,6 +88,13 @@ def defaults(stage, mixer, out_dir):
     data_dir = os.path.relpath(os.path.join(DATA, chat if st["data"] == "chat" else "modern"))
     init_from = "teacher" if st["start"] == "teacher" else os.path.join(out_dir, mixer, f"stage{st['start']}.pt")
     return dict(learning_rate=st["learning_rate"], schedule=st["schedule"], data_dir=data_dir, init_from=init_from)
+
+
+def steps(stage, data_dir, tokens_per_step):
+    """A GPU run's optimizer steps: the stage's token budget, or one epoch of data_dir's train.bin."""
+    train_bin = os.path.join(data_dir, "train.bin")
+    need(train_bin)
+    return max(1, (STAGES[stage]["tokens"] or os.path.getsize(train_bin) // 2) // tokens_per_step)
 
 
 def set_trainable(student, stage):

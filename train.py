@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 import cli
 import distill
-from data import Data, need
+from data import Data
 import mixers
 import model as M
 from plots import plot
@@ -114,15 +114,6 @@ def stops(what="", errors=(FileNotFoundError, ValueError)):
 # Settings: the command line, the stage's defaults, checks before any long work
 
 
-def gpu_length(s):
-    """A GPU run's optimizer steps: the stage's token budget (distill.STAGES), or one epoch of its data."""
-    train_bin = os.path.join(s.data_dir, "train.bin")
-    with stops():
-        need(train_bin)
-    tokens_per_step = s.batch_size * s.block_size * s.grad_accum * int(os.environ.get("WORLD_SIZE", 1))
-    return max(1, (distill.STAGES[s.stage]["tokens"] or os.path.getsize(train_bin) // 2) // tokens_per_step)
-
-
 def settings(argv):
     """The run's Settings, checked before any long work, and this stage's checkpoint when resuming."""
     given = cli.parse(argv, Settings, fail)
@@ -132,8 +123,10 @@ def settings(argv):
     if d["stage"] not in distill.STAGES:
         fail(f"--stage={d['stage']!r}: expected one of {', '.join(distill.STAGES)}")
     s = Settings(**{**distill.defaults(d["stage"], d["mixer"], d["out_dir"]), "max_iters": CPU_ITERS, **d})
-    if on_gpu and "max_iters" not in given:
-        s.max_iters = gpu_length(s)
+    if on_gpu and "max_iters" not in given:  # the stage's token budget
+        with stops():
+            s.max_iters = distill.steps(s.stage, s.data_dir, s.batch_size * s.block_size * s.grad_accum *
+                                        int(os.environ.get("WORLD_SIZE", 1)))
     state = None  # this stage's own checkpoint (optimizer, step, history)
     if s.resume and os.path.exists(ckpt_path(s)):
         try:
