@@ -60,7 +60,7 @@ def torch_form(name):
 def peer(name):
     """(label, fn, inputs): the published kernel of the same recurrence, fn(*inputs(args)) -> its
     output, where inputs() puts our (q, k, v[, beta][, g]) into its layout before any timing; or
-    (label, None, why) when its package does not import."""
+    (label, None, why) when its package does not import or the mixer has no peer here."""
     if name == "mlstm":
         label = "mlstm_kernels chunkwise--triton_xl_chunk"
         try:
@@ -74,7 +74,9 @@ def peer(name):
             return q, k, v, torch.randn(q.shape[:3], device=q.device), 3 + torch.randn(q.shape[:3], device=q.device)
         return label, lambda q, k, v, i, f: kernel(q, k, v, i, f), inputs
     fla = {"linear_attention": "chunk_simple_gla", "retnet": "chunk_retention", "gla": "chunk_gla",
-           "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule", "kda": "chunk_kda"}[name]
+           "deltanet": "chunk_delta_rule", "gated_deltanet": "chunk_gated_delta_rule", "kda": "chunk_kda"}.get(name)
+    if fla is None:  # a mixer outside the study
+        return f"no peer for {name}", None, "bench.py knows no published kernel of this recurrence"
     label = f"fla {fla}" + (" (safe_gate, lower_bound -5)" if name == "kda" else "")
     try:
         import fla.ops as ops

@@ -86,14 +86,33 @@ def resolve(init_from):
         f"SmolLM2-135M-Instruct), a .gguf file, a Hugging Face snapshot folder, or a hub id")
 
 
+HF_INTS = ("vocab_size", "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+HF_OPTIONAL_INTS = ("num_key_value_heads", "max_position_embeddings", "head_dim")  # LlamaConfig has defaults
+
+
 def config_from_hf(cfg):
-    """Our Config from a Hugging Face config.json dict (Llama architecture only)."""
+    """Our Config from a Hugging Face config.json dict (Llama architecture only), or a ValueError."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"expected a JSON object, not {type(cfg).__name__}")
     if cfg.get("model_type", "llama") != "llama":
         raise ValueError(f"model_type {cfg.get('model_type')!r} is not supported; only Llama (SmolLM2)")
+    missing = [key for key in HF_INTS if key not in cfg]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    for key in HF_INTS + tuple(key for key in HF_OPTIONAL_INTS if key in cfg):
+        if type(cfg[key]) is not int or cfg[key] <= 0:
+            raise ValueError(f"{key} must be a positive integer, not {cfg[key]!r}")
+    for key in ("rope_theta", "rms_norm_eps"):
+        if key in cfg and (type(cfg[key]) not in (int, float) or cfg[key] <= 0):
+            raise ValueError(f"{key} must be a positive number, not {cfg[key]!r}")
+    if type(cfg.get("tie_word_embeddings", False)) is not bool:
+        raise ValueError(f"tie_word_embeddings must be true or false, not {cfg['tie_word_embeddings']!r}")
     n_head = cfg["num_attention_heads"]
     if cfg.get("head_dim", cfg["hidden_size"] // n_head) != cfg["hidden_size"] // n_head:
         raise ValueError("head_dim other than hidden_size // num_attention_heads is not supported")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}  # newer files nest rope_theta here
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters must be an object, not {rope!r}")
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ValueError(f"rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
     return M.Config(
@@ -112,8 +131,13 @@ def read_snapshot(folder):
     cfg_path = os.path.join(folder, "config.json")
     if not os.path.exists(cfg_path):
         raise FileNotFoundError(f"{folder}: not a Hugging Face snapshot (no config.json)")
-    with open(cfg_path) as f:
-        config = config_from_hf(json.load(f))
+    try:
+        with open(cfg_path) as f:
+            config = config_from_hf(json.load(f))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
+    except ValueError as e:  # missing keys, wrong types, an architecture we do not build
+        raise ValueError(f"{cfg_path}: {e}") from None
     single, index = os.path.join(folder, "model.safetensors"), os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(single):
         files = [single]

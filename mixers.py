@@ -15,8 +15,8 @@ Inside, in reading order:
   1. seven textbook recurrences, token by token in fp32, one per mixer (the ground truth);
   2. the two family recurrences: one-token steps (decoding) and their loops;
   3. the chunked form of both families (the algorithm triton_ops.py implements in Triton);
-  4. the glue around them (short conv, L2 norm, output norm and gate, log decay) and forms(),
-     the one switch between PyTorch and triton_ops.py;
+  4. the glue around them (input projection, short conv, L2 norm, output norm and gate, log
+     decay) and forms(), the one switch between PyTorch and triton_ops.py;
   5. the mixer layers that model.py builds for a student, and the registry of the seven.
 
 One layout everywhere: q, k [B, T, H, Dk], v [B, T, H, Dv], state [B, H, Dk, Dv] in fp32, and
@@ -240,13 +240,13 @@ def _step(q, k, v, beta, g, initial_state, scale):
     return _read(S, scale * q)[:, None].to(out_dtype), S  # o [B, 1, H, Dv]
 
 
-def step_decay_additive(q, k, v, g=None, initial_state=None, scale=None):
+def recurrent_step_decay_additive(q, k, v, g=None, initial_state=None, scale=None):
     """Decoding step: S = exp(g) * S + k v^T, o = S^T (scale q). q, k, v [B, 1, H, D]; g [H],
     [B, 1, H], [B, 1, H, Dk] or None."""
     return _step(q, k, v, None, g, initial_state, scale)
 
 
-def step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None):
+def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None):
     """Decoding step: S = exp(g) * S; S = S + beta k (v - S^T k)^T; o = S^T (scale q). beta [B, 1, H]."""
     return _step(q, k, v, beta, g, initial_state, scale)
 
@@ -400,6 +400,12 @@ def softcap(x, cap=MLSTM_CAP):  # cap * tanh(x / cap): smooth, identity near 0, 
 # which fuses what PyTorch runs as chains of small memory-bound passes. forms() picks the set.
 
 
+def in_projection(x, weight):
+    """x [B, T, C] times the stacked projections of a layer, weight [N, C] -> [B, T, N]. Twin:
+    the same product, its rows padded in memory so that the kernels read aligned slices of it."""
+    return F.linear(x, weight)
+
+
 def conv_silu(x, weight, tail=None):
     """silu(causal depthwise conv over time) of x [B, T, D] with taps weight [D, S] (tap S-1
     multiplies the current token), continuing from tail [B, S-1, D] (None: a zero past).
@@ -461,12 +467,10 @@ def sigmoid_decay(a, A_log, dt_bias, floor):
 
 
 BACKENDS = ("naive", "torch", "triton")  # the three forms a mixer runs in
-# the PyTorch forms under the names of their twins in triton_ops.py
-TORCH = SimpleNamespace(
-    chunk_decay_additive=chunk_decay_additive, chunk_delta_rule=chunk_delta_rule,
-    recurrent_step_decay_additive=step_decay_additive, recurrent_step_delta_rule=step_delta_rule,
-    short_conv=short_conv, l2_normalize=l2_normalize, rms_norm_gate=rms_norm_gate, softplus_decay=softplus_decay,
-    sigmoid_decay=sigmoid_decay)
+# the PyTorch forms, each under its own name, which is its twin's in triton_ops.py
+TORCH = SimpleNamespace(**{fn.__name__: fn for fn in (
+    in_projection, chunk_decay_additive, chunk_delta_rule, recurrent_step_decay_additive, recurrent_step_delta_rule,
+    short_conv, l2_normalize, rms_norm_gate, softplus_decay, sigmoid_decay)})
 
 
 def check_backend(backend, device=None):
@@ -562,9 +566,6 @@ def _dt_bias_bounded(A_log, width):
     return nn.Parameter(torch.logit(A * _dt(A.numel()) / -GATE_MIN) / A)
 
 
-ROW_ALIGN = 16  # channels: Triton's JIT proves 16-byte rows when a row stride divides by 16
-
-
 class MixerLayer(nn.Module):
     """What the seven mixers share. forward reads as the papers do: project x, short conv, cut
     into heads, mix (the recurrence), norm and gate, project out. A subclass declares its name,
@@ -605,13 +606,8 @@ class MixerLayer(nn.Module):
         runs the chunked form, T = 1 the step; it holds the state and the conv tail, nothing more."""
         B, T, _ = x.shape
         f = forms(self.backend, x)
-        # the product's rows padded to a multiple of ROW_ALIGN channels (zero rows of the weight):
-        # the kernels that read q, k, v and the gate as slices of it then load 16 bytes at a time,
-        # where an odd row stride (2,322 for Gated DeltaNet) leaves them 2-byte loads
-        w = self.in_proj.weight
-        pad = -w.shape[0] % ROW_ALIGN
-        h = F.linear(x, torch.cat([w, w.new_zeros(pad, w.shape[1])]) if pad else w)
-        p = dict(zip(self.widths, h.split(list(self.widths.values()) + [pad], -1)))  # [B, T, width] each
+        h = f.in_projection(x, self.in_proj.weight)  # [B, T, sum of the widths]
+        p = dict(zip(self.widths, h.split(list(self.widths.values()), -1)))  # [B, T, width] each
         q, k, v = self.heads(f, p["qkv"], cache)  # [B, T, H, D] each
         q, k, gates = self.gates(f, p, q, k, rope)
         state = None if cache is None else cache.get("state")

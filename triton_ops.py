@@ -62,7 +62,8 @@ Sections:
     2. Decayed-additive family: kernels, custom operators, chunk_decay_additive
     3. Delta-rule family: kernels, custom operators, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
-    5. Training glue, fused: short_conv (mixers.ShortConv; also cutting q, k, v into heads and
+    5. Training glue, fused: in_projection (the layers' stacked projection, its rows padded for
+       aligned loads), short_conv (mixers.ShortConv; also cutting q, k, v into heads and
        L2-normalizing q and k), distill_loss and distill_loss_grad (distill.py's stage-3 loss),
        rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k
        without a conv), softplus_decay and sigmoid_decay (the log decays of Gated DeltaNet and KDA)
@@ -2049,6 +2050,22 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 the gradient) and writes the gradient, known in closed form:
 #                     d CE / dz = softmax(z) - onehot(y),  d T^2 KL / dz = T (softmax(z / T) - p_t)
 #                 so autograd's backward is one multiply by the incoming scalar (distill_loss).
+
+
+ROW_ALIGN = 16  # channels: Triton's JIT proves 16-byte rows when a row stride divides by 16
+
+
+def in_projection(x, weight):
+    """x [B, T, C] times the stacked projections of a layer, weight [N, C] -> [B, T, N], as
+    F.linear, but a view of a product whose rows are padded to a multiple of ROW_ALIGN channels
+    (zero rows of the weight): the kernels that read q, k, v and the gate as slices of it then
+    load 16 bytes at a time, where an odd row stride (2,322 for Gated DeltaNet) leaves them
+    2-byte loads. The values, and the weight's gradient, are F.linear's."""
+    n = weight.shape[0]
+    pad = -n % ROW_ALIGN
+    if pad:
+        weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
+    return torch.nn.functional.linear(x, weight)[..., :n]
 
 
 @triton.jit

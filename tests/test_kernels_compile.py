@@ -47,7 +47,7 @@ def test_the_check_sees_a_launch_that_does_not_fit():
 def test_a_row_stride_that_divides_by_16_gives_wide_loads():
     # the short conv reads x as a slice of a wider projection: with rows 3 H D + 8 channels apart
     # (no multiple of 16) the compiled kernel falls back to 2-byte loads, with contiguous rows of
-    # 3 H D = 384 channels it loads 16 bytes at a time; hence mixers.ROW_ALIGN
+    # 3 H D = 384 channels it loads 16 bytes at a time; hence triton_ops.ROW_ALIGN
     found = kernel_smem.launches(dtypes=["bf16"], dims=[64], families=["glue"], kernels={"_conv_fwd_kernel"})
     rows = kernel_smem.compile_all(found, jobs=2)
     loads = sorted((r[4]["narrow"], r[4]["wide"]) for r in rows)

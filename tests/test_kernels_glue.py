@@ -7,6 +7,7 @@ kernels run in Triton's interpreter, in fp32, at shapes that cut blocks; on a GP
 training shapes.
 """
 
+import inspect
 import os
 import shutil
 
@@ -100,7 +101,7 @@ def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2, t0):
     assert all(rel(a.cpu(), b) < 1e-6 for a, b in zip(grads, grads_ref))
 
 
-@pytest.mark.parametrize("mixer", ["deltanet", "linear_attention"])
+@pytest.mark.parametrize("mixer", mixers.MIXERS)
 def test_layer_heads_keep_the_tail_for_decoding(mixer):
     # a prefill through the kernel path (taken on CUDA) gives the q, k, v and the conv tail of
     # the PyTorch path, also when the prompt is shorter than the tail
@@ -113,6 +114,46 @@ def test_layer_heads_keep_the_tail_for_decoding(mixer):
             out[on] = [t.contiguous() for t in layer.heads(triton_ops if on else mixers.TORCH, qkv, cache)] + [cache["conv"]]
         assert all(a.shape == b.shape for a, b in zip(out[True], out[False]))
         torch.testing.assert_close(out[True], out[False])
+
+
+def test_the_forms_are_twins():
+    # what a layer calls through forms(): in triton_ops.py under the same name and signature
+    for name, fn in vars(mixers.TORCH).items():
+        assert fn.__name__ == name
+        assert inspect.signature(getattr(triton_ops, name)) == inspect.signature(fn), name
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("mixer", mixers.MIXERS)
+def test_in_projection_pads_rows_and_changes_nothing(mixer):
+    # at SmolLM2-135M's widths (in_proj holds 1,728 to 2,377 rows) the triton form's product has
+    # a row stride that divides by 16, and so have the slices of it the layer hands on (q, k, v
+    # and the gate); its values and the weight's gradient are F.linear's, which the torch form is
+    import model
+
+    cfg = model.Config(n_layer=1, vocab_size=64, mixer=mixer)
+    torch.manual_seed(0)
+    layer = mixers.LAYERS[mixer](cfg, 0)
+    w, rows = layer.in_proj.weight, layer.in_proj.weight.shape[0]
+    x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0))
+    h, h_ref = triton_ops.in_projection(x, w), mixers.in_projection(x, w)
+    assert h.stride(1) == rows + (-rows % triton_ops.ROW_ALIGN) and h.stride(1) % 16 == 0
+    dh = torch.randn(h.shape, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(h, w, dh)[0], torch.autograd.grad(h_ref, w, dh)[0])
+    seen = []
+
+    def heads(f, qkv, cache):  # the first kernel's input: recorded, then the forward stops
+        seen.append(qkv.stride(1))
+        raise Stop
+
+    layer.backend, layer.heads = "triton", heads
+    with pytest.raises(Stop):
+        layer(x, None)
+    assert seen == [h.stride(1)]
 
 
 def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
@@ -291,8 +332,7 @@ def test_log_decays_match_pytorch(kind, shape, strided):
         assert (g >= -5.0).all() and (g <= 0).all() and g.min() < -4.9
 
 
-@pytest.mark.parametrize("mixer", ["gated_deltanet", "kda", "retnet", "mlstm", "gla", "deltanet",
-                                   "linear_attention"])
+@pytest.mark.parametrize("mixer", mixers.MIXERS)
 def test_mixer_layers_give_the_same_on_the_kernel_path(mixer):
     # every kernel a layer calls on a GPU (recurrence, short conv, norms), here in the interpreter,
     # against the same layer on the PyTorch path: output and all parameter gradients
@@ -312,7 +352,7 @@ def test_mixer_layers_give_the_same_on_the_kernel_path(mixer):
     assert all(rel(a, b) < tol for a, b in zip(out[True], out[False]))
 
 
-@pytest.mark.parametrize("mixer", ["gated_deltanet", "gla"])
+@pytest.mark.parametrize("mixer", mixers.MIXERS)
 def test_layer_prefill_then_decode_on_the_kernel_path(mixer):
     # a prompt through the kernel path (conv and its tail, chunked recurrence) then two tokens
     # through the fused decoding steps: the same outputs as the whole sequence in one pass

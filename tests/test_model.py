@@ -140,6 +140,29 @@ def test_wrong_format(tmp_path):
         checkpoint.load(str(tmp_path / "snap"))
 
 
+LLAMA = dict(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"model_type": "llama",', "not valid JSON"),
+    ("[1, 2]", "expected a JSON object, not list"),
+    (json.dumps({k: v for k, v in LLAMA.items() if k != "hidden_size"}), "missing hidden_size"),
+    (json.dumps({**LLAMA, "num_hidden_layers": "2"}), "num_hidden_layers must be a positive integer, not '2'"),
+    (json.dumps({**LLAMA, "head_dim": 16.0}), "head_dim must be a positive integer"),
+    (json.dumps({**LLAMA, "rope_theta": "10000"}), "rope_theta must be a positive number"),
+    (json.dumps({**LLAMA, "tie_word_embeddings": "false"}), "tie_word_embeddings must be true or false"),
+    (json.dumps({**LLAMA, "rope_scaling": [1]}), "rope_parameters must be an object"),
+])
+def test_a_bad_config_json_is_named(tmp_path, text, why):
+    # one line that names the file and what is wrong in it, before any weights are read
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError) as err:
+        checkpoint.load(str(tmp_path))
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'config.json'}: ") and why in msg and "\n" not in msg, msg
+
+
 def test_truncated_files(tmp_path):
     gguf_bytes = open(checkpoint.default_gguf_path(), "rb").read(1 << 20)  # first MiB of the real file
     (tmp_path / "cut.gguf").write_bytes(gguf_bytes)
