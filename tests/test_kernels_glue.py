@@ -136,12 +136,12 @@ def test_in_projection_pads_rows_and_changes_nothing(mixer):
 
     cfg = model.Config(n_layer=1, vocab_size=64, mixer=mixer)
     torch.manual_seed(0)
-    layer = mixers.LAYERS[mixer](cfg, 0)
+    layer = mixers.LAYERS[mixer](cfg, 0).to(DEV)
     w, rows = layer.in_proj.weight, layer.in_proj.weight.shape[0]
-    x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0)).to(DEV)
     h, h_ref = triton_ops.in_projection(x, w), mixers.in_projection(x, w)
     assert h.stride(1) == rows + (-rows % triton_ops.ROW_ALIGN) and h.stride(1) % 16 == 0
-    dh = torch.randn(h.shape, generator=torch.Generator().manual_seed(1))
+    dh = torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
     torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(h, w, dh)[0], torch.autograd.grad(h_ref, w, dh)[0])
     seen = []
