@@ -213,9 +213,15 @@ def build_student(s, teacher, resuming):
     return student
 
 
-def models(s, resuming, device, corpora):
-    """(teacher, student) on the device, checked against each other and against the data: the
-    frozen teacher in the autocast dtype on a GPU (half the memory, no casts), the student in fp32."""
+def models_and_data(s, resuming, device, master):
+    """The frozen teacher (in the autocast dtype on a GPU: half the memory, no casts) and the
+    student (fp32) on the device, and the stage's train and val corpora, all checked against each
+    other; the output folder is checked now too, not at the first checkpoint."""
+    with stops():
+        corpora = [Data(s.data_dir, split, s.block_size, distill.STAGES[s.stage]["data"] == "chat")
+                   for split in ("train", "val")]
+        if master:
+            checkpoint.check_writable(os.path.dirname(ckpt_path(s)), f"--out_dir={s.out_dir}")
     with stops(f"--teacher={s.teacher}"):
         teacher = checkpoint.load(s.teacher)
     if teacher.config.mixer != "attention" or teacher.config.softmax_layers:
@@ -228,19 +234,8 @@ def models(s, resuming, device, corpora):
     for d in corpora:
         if d.max_id >= student.config.vocab_size:
             fail(f"{d.path}: token id {d.max_id} is outside the model's vocabulary ({student.config.vocab_size})")
-    on_gpu = "cuda" in str(device)
-    teacher = teacher.to(device=device, dtype=getattr(torch, s.dtype) if on_gpu else torch.float32).eval()
-    return teacher.requires_grad_(False), student.to(device)
-
-
-def open_data(s, master):
-    """The train and val corpora of the stage, and the output folder checked now, not at the first checkpoint."""
-    chat = distill.STAGES[s.stage]["data"] == "chat"
-    with stops():
-        corpora = [Data(s.data_dir, split, s.block_size, chat) for split in ("train", "val")]
-        if master:
-            checkpoint.check_writable(os.path.dirname(ckpt_path(s)), f"--out_dir={s.out_dir}")
-    return corpora
+    teacher = teacher.to(device=device, dtype=getattr(torch, s.dtype) if "cuda" in str(device) else torch.float32)
+    return teacher.eval().requires_grad_(False), student.to(device), *corpora
 
 
 def save(path, student, optimizer, step, s, history):
@@ -313,7 +308,7 @@ class Meter:
 
     def __init__(self, s, step, tokens_per_step, flops_per_token, world):
         self.s, self.tokens, self.flops, self.world = s, tokens_per_step, flops_per_token, world
-        self.t_last, self.step_last, self.ema, self.lines = time.time(), step, None, 0
+        self.t_last, self.step_last = time.time(), step
 
     def restart(self):  # after an eval: eval time is not step time
         self.t_last = time.time()
@@ -322,15 +317,10 @@ class Meter:
         s, now = self.s, time.time()
         dt = (now - self.t_last) / (step - self.step_last)  # seconds per step since the last line
         self.t_last, self.step_last = now, step
-        # smoothed, for the ETA; the first interval holds compilation and warm-up, so the second seeds it again
-        self.ema = dt if self.lines < 2 else 0.9 * self.ema + 0.1 * dt
-        self.lines += 1
-        tok_s = self.tokens / dt
+        tok_s, eta = self.tokens / dt, int(dt * (s.max_iters - step))
         mfu = f"{self.flops * tok_s / (self.world * s.peak_tflops * 1e12):.1%}" if s.peak_tflops > 0 else "-"
-        eta = int(self.ema * (s.max_iters - step))
         return (f"step {step}/{s.max_iters} [{'#' * (20 * step // s.max_iters):.<20}] loss {loss:.4f} | lr {lr:.2e} | "
-                f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | "
-                f"eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
+                f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
 
 
 def count(n):
@@ -372,8 +362,7 @@ def main(argv=None, after_step=None):
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     log(cli.describe(s))
-    train_data, val_data = open_data(s, master)
-    teacher, student = models(s, state is not None, device, (train_data, val_data))
+    teacher, student, train_data, val_data = models_and_data(s, state is not None, device, master)
     dev_type = "cuda" if "cuda" in device else "cpu"
     ctx = torch.autocast(dev_type, dtype=getattr(torch, s.dtype)) if s.dtype != "float32" else nullcontext()
     val_batches = val_data.fixed(s.eval_iters, s.batch_size, device)  # the same at every eval
