@@ -15,12 +15,16 @@ a linear-time mixer. It learns from the frozen teacher in three stages, then opt
            both means per token, weighted and with a temperature. Learns: everything.
   sft      instruction tuning on ChatML conversations: cross-entropy on the assistant's tokens
            only (the data's mask files). Learns: everything.
+  sft_kd   instruction-aware distillation: sft's data and schedule with stage 3's loss, CE plus
+           KL to the instruction-tuned teacher, both on the assistant's tokens only (the study's
+           form). Learns: everything.
   lm       plain next-token cross-entropy from the teacher's weights, no teacher in the loss:
            the no-distillation baseline, and with --mixer=attention the teacher's own training
            step (the yardstick for the cost of a distillation step).
 
-Instruction-aware distillation is the same stages against an instruction-tuned teacher, then
-sft: only --teacher changes (the offline default teacher already is SmolLM2-135M-Instruct).
+The offline default teacher is SmolLM2-135M-Instruct, instruction-tuned already: sft and sft_kd
+both start from the same stage-3 student, and differ only in whether the teacher's distribution
+is in the loss.
 
 In stages 1 and 2 every layer learns at once and on its own: the teacher runs its blocks once
 (teacher_pass, through the public Block modules, no hooks), and each student layer gets its own
@@ -51,16 +55,27 @@ import model as M
 #   learning_rate  the study's peak learning rate
 #   schedule       "wsd" (warmup, stable, linear decay) or "cosine"
 #   data           "text" (a plain corpus, data/modern) or "chat" (ChatML with loss masks)
+#   loss           what the student matches: "attention" (each layer's attention output), "hidden"
+#                  (each block's output), "distill" (CE + KL to the teacher's next-token
+#                  distribution) or "ce" (the next token alone, no teacher)
 #   learns         which parameters learn (LEARNS below)
 #   tokens         the study's budget at 135M/360M, the length of a GPU run (None: one epoch of the data)
 #   start          where the student comes from: "teacher" (a new student built from it) or the
 #                  name of the stage whose checkpoint it continues
 STAGES = {
-    "1": dict(learning_rate=2e-4, schedule="wsd", data="text", learns="mixers", tokens=80_000_000, start="teacher"),
-    "2": dict(learning_rate=2e-3, schedule="wsd", data="text", learns="blocks", tokens=160_000_000, start="1"),
-    "3": dict(learning_rate=3e-4, schedule="wsd", data="text", learns="all", tokens=2_760_000_000, start="2"),
-    "sft": dict(learning_rate=3e-4, schedule="cosine", data="chat", learns="all", tokens=None, start="3"),
-    "lm": dict(learning_rate=3e-4, schedule="wsd", data="text", learns="all", tokens=2_760_000_000, start="teacher"),
+    "1": dict(learning_rate=2e-4, schedule="wsd", data="text", loss="attention", learns="mixers", tokens=80_000_000,
+              start="teacher"),
+    "2": dict(learning_rate=2e-3, schedule="wsd", data="text", loss="hidden", learns="blocks", tokens=160_000_000,
+              start="1"),
+    "3": dict(learning_rate=3e-4, schedule="wsd", data="text", loss="distill", learns="all", tokens=2_760_000_000,
+              start="2"),
+    "sft": dict(learning_rate=3e-4, schedule="cosine", data="chat", loss="ce", learns="all", tokens=None, start="3"),
+    # instruction-aware distillation: sft's data and schedule, stage 3's loss against the
+    # (instruction-tuned) teacher, on the assistant's tokens alone
+    "sft_kd": dict(learning_rate=3e-4, schedule="cosine", data="chat", loss="distill", learns="all", tokens=None,
+                   start="3"),
+    "lm": dict(learning_rate=3e-4, schedule="wsd", data="text", loss="ce", learns="all", tokens=2_760_000_000,
+               start="teacher"),
 }
 
 LEARNS = {  # what learns -> a test on a parameter's name (student.named_parameters())
@@ -122,8 +137,9 @@ def teacher_pass(teacher, idx, stage, head=False):
     logits from these, a slice of rows at a time.
     """
     out = {}
-    if stage in ("sft", "lm") and not head:
-        return out  # these losses need no teacher
+    loss = STAGES[stage]["loss"]
+    if loss == "ce" and not head:
+        return out  # this loss needs no teacher
     x = teacher.model.embed_tokens(idx)  # (B, T, C)
     rope = teacher.rope(idx.shape[1], device=idx.device)
     hidden, attn = [x], []
@@ -133,9 +149,9 @@ def teacher_pass(teacher, idx, stage, head=False):
         x = x + block.mlp(block.post_attention_layernorm(x))
         hidden.append(x)
         attn.append(a)
-    if stage in ("1", "2"):
+    if loss in ("attention", "hidden"):
         out["hidden"], out["attn"] = hidden, attn
-    if stage == "3" or head:
+    if loss == "distill" or head:
         out["final"], out["head"] = teacher.model.norm(x), teacher.lm_head.weight
     return out
 
@@ -273,16 +289,17 @@ class StageLoss(nn.Module):
     def __init__(self, student, stage, ce_weight=1.0, kl_weight=1.0, temperature=1.0, backend=None):
         super().__init__()
         self.student, self.stage, self.backend = student, stage, backend
+        self.loss = STAGES[stage]["loss"]  # "attention", "hidden", "distill" or "ce"
         self.ce_weight, self.kl_weight, self.temperature = ce_weight, kl_weight, temperature
 
     def forward(self, idx, targets, teacher_out):
         net = self.student
-        if self.stage in ("1", "2"):
+        if self.loss in ("attention", "hidden"):
             hidden = teacher_out["hidden"]
             rope = net.rope(idx.shape[1], device=idx.device)
             loss = 0.0
             for i, block in enumerate(net.model.layers):
-                if self.stage == "1":  # mixer on the teacher's stream -> the teacher's attention output
+                if self.loss == "attention":  # mixer on the teacher's stream -> the teacher's attention output
                     y = block.self_attn(block.input_layernorm(hidden[i]), rope)  # (B, T, C)
                     loss = loss + F.mse_loss(y.float(), teacher_out["attn"][i].float())
                 else:  # whole block on teacher hidden l -> teacher hidden l+1
@@ -292,10 +309,11 @@ class StageLoss(nn.Module):
         return self.from_hidden(net.hidden(idx), targets, teacher_out)
 
     def from_hidden(self, h, targets, teacher_out):
-        """Stages 3, sft and lm from the student's final hidden states h [B, T, C] (model.hidden):
-        the LM head is applied inside the loss, a slice of rows at a time (head_loss)."""
+        """The losses on the next token (stages 3, sft, sft_kd, lm) from the student's final hidden
+        states h [B, T, C] (model.hidden): the LM head is applied inside the loss, a slice of rows
+        at a time (head_loss); rows without a target (-1: a chat's user turns) count in neither term."""
         weight = self.student.lm_head.weight
-        if self.stage != "3":  # sft and lm: cross-entropy alone
+        if self.loss == "ce":  # sft and lm: cross-entropy alone
             ce, _, _ = head_loss(h, weight, targets, backend=self.backend)
             return ce, {"loss": ce.detach(), "ce": ce.detach()}
         loss, ce, kl = head_loss(h, weight, targets, teacher_out["final"], teacher_out["head"],
@@ -327,13 +345,13 @@ def compare(h, weight, t_h, t_weight, targets, rows=HEAD_ROWS):
 @torch.no_grad()
 def evaluate(loss_model, teacher, batches, ctx):
     """The stage loss, and the student against the teacher, over the fixed val batches: one
-    student forward a batch in stages 3, sft and lm (the loss and the comparison share it)."""
+    student forward a batch past stage 2 (the loss and the comparison share it)."""
     totals, net = {}, loss_model.student
     for x, y in batches:
         with ctx:
             t_out = teacher_pass(teacher, x, loss_model.stage, head=True)
             h = net.hidden(x)
-            if loss_model.stage in ("1", "2"):
+            if loss_model.loss in ("attention", "hidden"):
                 _, parts = loss_model(x, y, t_out)
             else:
                 _, parts = loss_model.from_hidden(h, y, t_out)
@@ -367,4 +385,4 @@ def flops_per_token(stage, student, teacher, T):
     if stage == "2":
         return 6 * n(blocks) + 3 * attention(student) + teacher_fwd
     student_step = 6 * n(blocks) + 3 * attention(student) + 3 * head
-    return student_step + (teacher_fwd + head if stage == "3" else 0)
+    return student_step + (teacher_fwd + head if STAGES[stage]["loss"] == "distill" else 0)

@@ -3,7 +3,7 @@ Train a linear-time student of a SmolLM2 teacher, one stage at a time, in one lo
 
     python train.py --mixer=gated_deltanet --stage=1     # a few minutes on 2 CPU cores
     python train.py --mixer=gated_deltanet --stage=2     # starts from out/gated_deltanet/stage1.pt
-    python train.py --mixer=gated_deltanet --stage=3     # then sft: ChatML conversations
+    python train.py --mixer=gated_deltanet --stage=3     # then sft (or sft_kd): ChatML conversations
     python train.py --mixer=kda --stage=1 --softmax_layers=7,15,23   # a hybrid student
     torchrun --standalone --nproc_per_node=2 train.py --mixer=gated_deltanet --stage=3
 
@@ -49,7 +49,7 @@ class Settings:
     max_iters: int  # optimizer steps: 40 on a CPU, the stage's token budget on a GPU
     # --- what to train ---
     mixer: str = "gated_deltanet"  # student token mixer: one of model.MIXERS ("attention": a copy of the teacher)
-    stage: str = "1"  # "1", "2", "3", "sft" or "lm"; distill.py says what each is
+    stage: str = "1"  # "1", "2", "3", "sft", "sft_kd" or "lm"; distill.py says what each is
     teacher: str = "default"  # anything checkpoint.load takes; 'default' = offline SmolLM2-135M-Instruct
     out_dir: str = "out"  # checkpoint <out_dir>/<mixer>/stage<N>.pt and its plot stage<N>.png
     resume: bool = True  # continue from this stage's own checkpoint when it exists; false starts over
@@ -75,6 +75,7 @@ class Settings:
     temperature: float = 1.0  # softens both distributions in the KL (which is then scaled by T^2)
     # --- eval and logging ---
     eval_interval: int = 20  # steps between evals (each also writes the checkpoint)
+    keep_at: str = ""  # steps, e.g. "1000,2000", whose weights are also kept as stage<N>_step<M>.pt (and evaluated)
     eval_iters: int = 2  # val batches per eval: the same fixed batches every time
     log_interval: int = 1  # steps between log lines (each one waits for the GPU)
     # --- system ---
@@ -155,7 +156,9 @@ RANGES = [(k, lambda v: v >= 1, "an integer >= 1") for k in (
 def check(s):
     """A one-line failure for the first setting that cannot work."""
     for key, ok, want in [("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
-                          ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine")] + RANGES:
+                          ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
+                          ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
+                           "step numbers such as 1000,2000")] + RANGES:
         if not ok(getattr(s, key)):
             fail(f"--{key}={getattr(s, key)!r}: expected {want}")
     for key, test in (("mixer", M.check_mixer), ("backend", lambda b: mixers.check_backend(b, s.device)),
@@ -342,6 +345,8 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch):
     if step > 0:  # step 0 is where the student starts: nothing to keep yet
         with stops(errors=OSError):
             save(ckpt_path(s), student, optimizer, step, s, history)
+            if str(step) in s.keep_at.split(","):  # the weights alone, for a later evaluation
+                checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student)
         watch.saved_step = step
     plot(history, ckpt_path(s)[:-3] + ".png")
 
@@ -421,7 +426,7 @@ def main(argv=None, after_step=None):
                 watch.rising(step, loss_val, lr)
             history["train"].append((step, loss_val))
             log(meter.line(step, loss_val, lr))
-        if master and (step % s.eval_interval == 0 or step == s.max_iters):
+        if master and (step % s.eval_interval == 0 or step == s.max_iters or str(step) in s.keep_at.split(",")):
             eval_and_save(s, step, history, evaluate, student, optimizer, watch)
             meter.restart()
     if ddp:  # every rank waits for rank 0's last eval and checkpoint: gloo can abort a rank that leaves first

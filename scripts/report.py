@@ -17,6 +17,16 @@ the numbers it rests on and "holds", "does not hold" or "not measured"; a run wh
 SFT did not finish is judged on its NIAH after stage 3, and the verdict says so. With --budgets (folders
 of runs at other budgets), one more table gives each run's average recovery and mean passkey
 accuracy after SFT, a column pair a budget.
+
+Two more of the study's findings where the runs measured them. Maturity: a run's "maturity"
+points (LAMBADA and the passkey at 512 / 1k / 2k, measured inside stage 3 at so many distillation
+tokens) and its end after stage 3 make study_maturity.png, LAMBADA recovery and mean passkey
+accuracy against tokens; "gaps are established early and persist" compares the seven mixers'
+order by LAMBADA accuracy at 25M tokens with their order at the end (Spearman's rho, with a 95%
+interval). Instruction-aware distillation: a run's "after_sft_kd" (SFT with KL to the
+instruction-tuned teacher, from the same stage-3 student on the same data and budget) is set
+against its SFT in a table, and the study's "no consistent advantage, and in some cases worse
+long-context retrieval" judged from the two.
 """
 
 import argparse
@@ -41,6 +51,12 @@ STUDY_PASSKEY = {n: dict(zip((512, 1024, 2048, 4096), a)) for n, a in {
     "gated_deltanet": (99.4, 97.8, 81.8, 29.8), "mlstm": (95.8, 78.0, 25.2, 8.4), "deltanet": (98.8, 96.2, 0.0, 0.0),
     "kda": (33.4, 7.4, 2.0, 0.8), "gla": (10.6, 1.0, 0.0, 0.0), "linear_attention": (0.0, 0.0, 0.0, 0.0)}.items()}
 STUDY_PASSKEY["retnet"] = {2048: 0.0, 4096: 0.0}
+SHORT = (512, 1024, 2048)  # the passkey lengths a maturity point measures, and its mean's
+EARLY = 25_000_000  # distillation tokens of the early order that "gaps persist" sets against the end's
+RHO_HOLDS = 0.5  # "gaps persist": holds when rho's 95% interval lies above this, does not hold below it
+FEW = 4  # fewer mixers with both points than this: an order too short to judge
+PASSKEY_MOVES = 0.10  # a mean passkey accuracy (4 lengths x 50 prompts) moved by more than this has changed:
+# about the 95% noise of the difference of two such means at 50% accuracy, 1.96 * sqrt(2 * 0.25 / 200)
 
 
 def load(results):
@@ -51,6 +67,10 @@ def load(results):
             run = json.load(open(path))
             for m in measures(run).values():  # what the tables read
                 m["eval"]["model"]["lm"]["ppl"], m["niah"]
+            for m in list(run.get("maturity", {}).values()) + ([run["after_sft_kd"]] if "after_sft_kd" in run else []):
+                m["eval"]["model"]["lm"], m["eval"]["summary"]["recovery"], m["niah"]  # what the figure and findings read
+            for p in run.get("maturity", {}).values():
+                int(p["tokens"])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"report.py: skipping {path}: not a run of reproduce.py ({type(e).__name__}: {e})", file=sys.stderr)
             continue
@@ -114,6 +134,11 @@ def pct(v):
     return "-" if v is None or v[0] != v[0] else f"{100 * v[0]:.1f}"
 
 
+def interval(v):
+    """[value, low, high] in percent with its interval: '95.2 [92.9, 97.5]'; '-' where missing."""
+    return "-" if v is None else f"{pct(v)} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+
+
 def table(runs, after):
     """The markdown table of one checkpoint (after stage 3 or after SFT)."""
     Ls = lengths(runs)
@@ -137,9 +162,161 @@ def table(runs, after):
             tokens = distilled(run) + (s["stage_tokens"]["sft"] if after == "after_sft" else 0)
             cells = [label(name, run), count(tokens), f"{ev['model']['lm']['ppl']:.2f}",
                      f"{ev['model']['lm']['kl']:.3f}"] + [pct(rec.get(t)) for t in TASKS] + [
-                     "-" if "avg" not in rec else f"{pct(rec['avg'])} [{100 * rec['avg'][1]:.1f}, {100 * rec['avg'][2]:.1f}]"]
+                     interval(rec.get("avg"))]
         lines.append("| " + " | ".join(cells + niah) + " |")
     return "\n".join(lines)
+
+
+def curve(run):
+    """A student's points through distillation, {tokens: measured}: its maturity points inside stage
+    3, and its end (after stage 3), each at the tokens its steps took."""
+    points = {int(p["tokens"]): p for p in run.get("maturity", {}).values()}
+    if "after_stage3" in run:
+        points[distilled(run)] = run["after_stage3"]
+    return dict(sorted(points.items()))
+
+
+def lambada(m):
+    """A measurement's LAMBADA accuracy [score, low, high] (Wilson's 95% interval), or None."""
+    acc = m["eval"]["model"].get("lambada", {}).get("acc")
+    return [acc["score"], *acc["ci"]] if acc else None
+
+
+def short_passkey(m):
+    """Passkey accuracy averaged over 512, 1k and 2k tokens (the lengths a maturity point measures),
+    or None where one of them is missing."""
+    acc = m["niah"].get("s_niah_1", {})
+    return sum(acc[str(L)] for L in SHORT) / len(SHORT) if all(str(L) in acc for L in SHORT) else None
+
+
+def ranks(xs):
+    """Ranks from 1, smallest first; tied values share the mean of the ranks they span."""
+    return [sum(y < x for y in xs) + (sum(y == x for y in xs) + 1) / 2 for x in xs]
+
+
+def spearman(a, b):
+    """Spearman's rank correlation of two paired lists: Pearson's correlation of their ranks (so ties
+    are handled); nan where either list is one value throughout."""
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va, vb = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
+    return cov / (va * vb) ** 0.5 if va and vb else float("nan")
+
+
+def rho_interval(early, late, n_boot=1000, seed=0):
+    """95% interval of Spearman's rho between two lists of scores [value, low, high]: every score
+    redrawn from a normal of its own 95% interval (mean the value, sd (high - low) / 3.92), rho
+    recomputed, 1,000 times (seed 0), its 2.5 and 97.5 percentiles. The spread is that of measuring
+    each student, not of picking them: the seven are the whole comparison (and a bootstrap over
+    seven students is mostly ties). The two points share their questions, whose common difficulty
+    moves every student alike; drawing them independently if anything widens the interval."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    draw = [rng.normal(*np.array([[v, (hi - lo) / 3.92] for v, lo, hi in scores]).T, size=(n_boot, len(scores)))
+            for scores in (early, late)]
+    lo, hi = np.percentile([spearman(list(x), list(y)) for x, y in zip(*draw)], [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def early_point(run):
+    """A run's maturity point nearest EARLY tokens, within a tenth of it (a stage's steps round the
+    tokens), or None."""
+    near = [p for p in run.get("maturity", {}).values() if abs(int(p["tokens"]) / EARLY - 1) <= 0.1]
+    return min(near, key=lambda p: abs(int(p["tokens"]) - EARLY), default=None)
+
+
+def kd_table(runs):
+    """Each run with instruction-aware distillation against its SFT: average recovery, KL to the
+    teacher on held-out text and the passkey by length."""
+    pairs = {n: r for n, r in runs.items() if "after_sft_kd" in r and "after_sft" in r}
+    Ls = sorted({int(L) for r in pairs.values() for a in ("after_sft", "after_sft_kd")
+                 for L in r[a]["niah"].get("s_niah_1", {})})
+    head = ["run", "after", "Avg recovery [95%]", "KL"] + [f"passkey {L}" for L in Ls]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, r in pairs.items():
+        for after, what in (("after_sft", "SFT"), ("after_sft_kd", "instruction-aware distillation")):
+            ev, key = r[after]["eval"], r[after]["niah"].get("s_niah_1", {})
+            kl = ev["model"]["lm"].get("kl")
+            cells = [label(n, r), what, interval(ev["summary"]["recovery"].get("avg")), "-" if kl is None else f"{kl:.3f}"]
+            cells += ["-" if str(L) not in key else f"{100 * key[str(L)]:.0f}" for L in Ls]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gaps(runs):
+    """The finding "gaps are established early and persist": the seven mixers' order by LAMBADA
+    accuracy at EARLY tokens against their order at the end of stage 3. LAMBADA accuracy is the
+    score both points measure with an interval; its recovery divides it by one teacher score, so
+    it orders the students the same. KL to the teacher (lower is better) is printed beside it,
+    without an interval."""
+    claim = (f"- Gaps are established early and persist (the seven mixers ordered by LAMBADA accuracy at "
+             f"{count(EARLY)} distillation tokens and at the end of stage 3, Spearman's rho with a 95% interval "
+             f"from redrawing each score within its own 95% interval; holds if the interval lies above "
+             f"{RHO_HOLDS}, does not hold if below)")
+    if not any("maturity" in r for n, r in runs.items() if n != "teacher"):
+        return f"{claim}: not measured (no run has maturity points)."
+    both = {}
+    for n in ORDER[:7]:
+        r = runs.get(n, {})
+        e = early_point(r)
+        if e and "after_stage3" in r and lambada(e) and lambada(r["after_stage3"]):
+            both[n] = (e, r["after_stage3"])
+    if len(both) < 2:
+        return f"{claim}: not settled ({len(both)} of the seven mixers measured at both points)."
+    early, late = ([lambada(pts[i]) for pts in both.values()] for i in (0, 1))
+    rho, (lo, hi) = spearman([e[0] for e in early], [e[0] for e in late]), rho_interval(early, late)
+    if len(both) < FEW:
+        verdict = f"not settled (only {len(both)} of the seven mixers measured at both points)"
+    else:
+        verdict = "holds" if lo > RHO_HOLDS else "does not hold" if hi < RHO_HOLDS else "not settled"
+    ends = "/".join(sorted({count(distilled(runs[n])) for n in both}))
+
+    def order(i):  # the mixers best first at point i (0 early, 1 the end), with their accuracy
+        acc = {n: lambada(pts[i])[0] for n, pts in both.items()}
+        return ", ".join(f"{NAMES[n]} {100 * acc[n]:.1f}%" for n in sorted(acc, key=acc.get, reverse=True))
+
+    kl = [[pts[i]["eval"]["model"]["lm"].get("kl") for pts in both.values()] for i in (0, 1)]
+    kl = "" if None in kl[0] + kl[1] else f"; on KL to the teacher (lower is better, no interval): rho {spearman(*kl):.2f}"
+    return (f"{claim}: {verdict}. rho {rho:.2f} [{lo:.2f}, {hi:.2f}] over {len(both)} mixers. "
+            f"At {count(EARLY)}: {order(0)}; at the end ({ends}): {order(1)}{kl}")
+
+
+def instruction_aware(runs):
+    """The finding that instruction-aware distillation (SFT with KL to the instruction-tuned
+    teacher) gives no consistent advantage over SFT and in some cases degrades long-context
+    retrieval. A run counts as ahead with it when its average recovery interval lies wholly above
+    SFT's or its mean passkey accuracy rises by more than PASSKEY_MOVES, and neither falls (an
+    interval wholly below, a drop of more than PASSKEY_MOVES). Ahead in every run: does not hold;
+    ahead in none, and the passkey down in at least one: holds; otherwise not settled."""
+    claim = ("- Instruction-aware distillation gives no consistent advantage over SFT, and in some cases "
+             f"degrades long-context retrieval (average recovery's 95% intervals; mean passkey accuracy over "
+             f"lengths, a move of more than {100 * PASSKEY_MOVES:.0f} points counted)")
+    pairs = [(n, r["after_sft"], r["after_sft_kd"]) for n, r in runs.items() if "after_sft_kd" in r and "after_sft" in r
+             and all("avg" in r[a]["eval"]["summary"]["recovery"] for a in ("after_sft", "after_sft_kd"))]
+    if not pairs:
+        return f"{claim}: not measured (no run has instruction-aware distillation)."
+    ahead, worse, text = [], [], []
+    for n, sft, kd in pairs:
+        a, b = (m["eval"]["summary"]["recovery"]["avg"] for m in (sft, kd))
+        rec = "above" if b[1] > a[2] else "below" if b[2] < a[1] else "overlap"
+        keys = [m["niah"].get("s_niah_1", {}) for m in (sft, kd)]
+        Ls = [L for L in keys[0] if L in keys[1]]  # the lengths both measured
+        pa, pb = (mean_accuracy({L: k[L] for L in Ls}) if Ls else None for k in keys)
+        key = "-" if not Ls else "up" if pb - pa > PASSKEY_MOVES else "down" if pa - pb > PASSKEY_MOVES else "level"
+        ahead.append((rec == "above" or key == "up") and not (rec == "below" or key == "down"))
+        worse.append(key == "down")
+        text.append(f"{label(n, runs[n])}: recovery {interval(a)} after SFT vs {interval(b)} ({rec}), mean passkey "
+                    + ("not measured" if not Ls else f"{100 * pa:.0f}% vs {100 * pb:.0f}% ({key})"))
+    if all(ahead):
+        verdict = "does not hold"
+    elif not any(ahead):
+        verdict = "holds" if any(worse) else (f"not settled (it is ahead in no run, but no run's passkey falls by "
+                                              f"more than {100 * PASSKEY_MOVES:.0f} points)")
+    else:
+        verdict = f"not settled (it is ahead in {sum(ahead)} of {len(pairs)} runs)"
+    return f"{claim}: {verdict} for the {len(pairs)} run{'s' * (len(pairs) > 1)} measured. " + "; ".join(text)
 
 
 def findings(runs):
@@ -220,6 +397,7 @@ def findings(runs):
                    f"longer length, {when}): {verdict}. "
                    + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in acc.items())
                    + f" (the study at 10B tokens: {study})")
+    out += [gaps(runs), instruction_aware(runs)]
     return "\n".join(out)
 
 
@@ -321,6 +499,33 @@ def plots(runs, assets):
             ax.set_xlabel("prompt length (tokens)")
             ax.grid(True, alpha=0.3)
         paths.append(save(fig, axes[0], "passkey accuracy (%)", os.path.join(assets, "study_passkey.png")))
+
+    # maturity: each student with maturity points, from them to its end after stage 3; written
+    # only when some point measured LAMBADA or the passkey at 512 / 1k / 2k
+    grown = {n: curve(r) for n, r in students.items() if "maturity" in r}
+    if grown:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        drawn = False
+        panels = (("LAMBADA recovery", lambda m: (m["eval"]["summary"]["recovery"].get("lambada") or [None])[0]),
+                  ("passkey, mean of 512 / 1k / 2k", short_passkey))
+        for ax, (title, value) in zip(axes, panels):
+            for n, pts in grown.items():
+                xy = [(t, 100 * v) for t, m in pts.items() if (v := value(m)) is not None and v == v]
+                if len(xy) > 1:  # the end alone is no curve
+                    ax.plot(*zip(*xy), marker="o", label=label(n, students[n]), **style[n])
+                    drawn = True
+            ax.set_xscale("log")
+            ax.minorticks_off()
+            ticks = sorted({t for pts in grown.values() for t in pts})  # the tokens measured, as people write them
+            ax.set_xticks(ticks, [count(t) for t in ticks], fontsize=8)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("distillation tokens (stages 1-3)")
+            ax.grid(True, alpha=0.3)
+        axes[1].set_ylabel("accuracy (%)")
+        axes[1].set_ylim(-3, 103)
+        if drawn:
+            paths.append(save(fig, axes, "recovery (%)", os.path.join(assets, "study_maturity.png")))
+        plt.close(fig)
     return paths
 
 
@@ -367,17 +572,35 @@ def main(argv=None):
     if len(loaded) > 1:
         lines += ["### By budget: average recovery and mean passkey accuracy after SFT (%)", "",
                   budget_table(loaded), ""]
+    out = args.out or os.path.join(args.results, "report.md")
+    drawn = plots(runs, args.assets)
+    figure = os.path.join(args.assets, "study_maturity.png")
+    lines += ["### Maturity: LAMBADA and the passkey through distillation", ""]
+    if figure in drawn:
+        lines += ["LAMBADA recovery and mean passkey accuracy (512 / 1k / 2k) at the points measured inside stage 3 "
+                  "and at its end, by distillation tokens: "
+                  f"![maturity]({os.path.relpath(figure, os.path.dirname(os.path.abspath(out)))})", ""]
+    elif any("maturity" in r for r in runs.values()):
+        lines += ["No maturity point measured LAMBADA or the passkey at 512 / 1k / 2k: no figure.", ""]
+    else:
+        lines += ["No run has maturity points (evaluations inside stage 3): no figure.", ""]
+    lines += ["### Instruction-aware distillation against SFT", ""]
+    if any("after_sft_kd" in r and "after_sft" in r for r in runs.values()):
+        lines += ["From the same stage-3 student, on the same chat data and budget: SFT, and SFT with KL to the "
+                  "instruction-tuned teacher on the assistant's tokens. KL is to the teacher on held-out text.", "",
+                  kd_table(runs), ""]
+    else:
+        lines += ["No run has instruction-aware distillation (after_sft_kd).", ""]
     lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
     for folder in loaded:
         for n, r in folder.items():
             lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`"
                          + (f". Incomplete: {r['incomplete']}" if r.get("incomplete") else ""))
     report = "\n".join(lines) + "\n"
-    out = args.out or os.path.join(args.results, "report.md")
     with open(out, "w") as f:
         f.write(report)
     print(report)
-    for p in plots(runs, args.assets):
+    for p in drawn:
         print(f"plot: {p}")
     print(f"wrote {out}")
 

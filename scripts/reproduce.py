@@ -25,7 +25,15 @@ train.py from that stage's last checkpoint. The run's JSON is written when it st
 every step, so a run cut short keeps what it measured; its "incomplete" names the steps to run.
 Evaluation: perplexity and KL to the teacher on held-out text (data/modern/val.bin), the study's
 six tasks with recovery (--mc_limit questions each), and needle in a haystack (--niah: the
-passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length). The teacher's
+passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length).
+
+Maturity (--maturity, fractions of the budget; default 1/8, 1/4, 1/2): stage 3 also keeps its
+weights at those points (train.py --keep_at), and each gets a light evaluation after stage 3:
+perplexity and KL, LAMBADA (--maturity_tasks) and the passkey at 512 to 2k tokens
+(--maturity_niah). Its cost is in the JSON's "seconds" (eval_mature*, niah_mature*).
+Instruction-aware distillation (--sft_kd): from the same stage-3 student, train.py's stage
+sft_kd (SFT's data, length and budget; CE + KL to the instruction-tuned teacher on the
+assistant's tokens), evaluated as SFT is, beside it. The teacher's
 task scores are measured in the evaluation after stage 3 and read back from it after SFT
 (evaluate.py --teacher_eval), which checks that the teacher's held-out loss agrees.
 """
@@ -48,6 +56,7 @@ STAGES = ("1", "2", "3")
 COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU: 95 s against eager's 108k tok/s vs 169k
 SFT_LENGTH = 1024  # the study's SFT sequence length
 NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
+MATURITY_NIAH = "--tasks=s_niah_1 --lengths=512,1024,2048 --depths=0,25,50,75,100 --samples=10"
 HISTORY_POINTS = 200  # train-loss points kept per stage in the JSON
 # sliding-window attention (swa) at the linear students' state size: SmolLM2-135M's 3 KV heads
 # keep 96 keys and values of 64 channels, 36,864 numbers a layer, as a student's 9 heads of 64 x 64
@@ -184,25 +193,39 @@ def niah_table(path):
 
 def step_key(name, args):
     """The settings a step is done with: an evaluation's own (None for training, whose settings are
-    the run's)."""
+    the run's); the maturity points' light ones."""
+    if name.startswith(("eval_mature", "niah_mature")):
+        return maturity_args(args)[0 if name.startswith("eval_") else 1]
     return eval_args(args) if name.startswith("eval_") else words("--niah", args.niah) if name.startswith("niah_") else None
+
+
+def maturity_args(args):
+    """(evaluate.py's, niah.py's) settings at a maturity point: the run's, with fewer tasks and lengths."""
+    evaluation = [a for a in eval_args(args) if not a.startswith("--tasks=")] + [f"--tasks={args.maturity_tasks}"]
+    return evaluation, words("--maturity_niah", args.maturity_niah)
 
 
 def write_results(path, result, pipe, args, ckpt, t0):
     """The run's JSON with everything measured so far. It is written after every step, so a run cut
     short keeps its numbers and loss curves; "incomplete" then names the steps still to run."""
     r = dict(result)
-    tags = (("teacher", "teacher"),) if args.teacher else (("stage3", "after_stage3"), ("sft", "after_sft"))
+    tags = (("teacher", "teacher"),) if args.teacher else (("stage3", "after_stage3"), ("sft", "after_sft"),
+                                                          ("sft_kd", "after_sft_kd"))
     for tag, field in tags:
         if (m := numbers(pipe, tag, args)) is not None:
             r[field] = m
+    points = result.get("settings", {}).get("maturity", {})  # distillation tokens -> stage-3 step
+    for n in points:
+        if (m := numbers(pipe, f"mature{n}", args)) is not None:
+            r.setdefault("maturity", {})[n] = {"tokens": int(n), **m}
     if ckpt:
         r["history"] = {s: stage_history(p) for s, p in ckpt.items()
                         if pipe.finished(f"stage{s}") and os.path.exists(p)}  # a folder copied without them
     r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
     r["this_run_seconds"] = time.time() - t0
     steps = ["eval_teacher", "niah_teacher"] if args.teacher else [f"stage{s}" for s in STAGES] + [
-        "eval_stage3", "niah_stage3", "stagesft", "eval_sft", "niah_sft"]  # in the order main runs them
+        "eval_stage3", "niah_stage3"] + [f"{k}_mature{n}" for n in points for k in ("eval", "niah")] + [
+        "stagesft", "eval_sft", "niah_sft"] + (["stagesft_kd", "eval_sft_kd", "niah_sft_kd"] if args.sft_kd else [])
     if missing := [n for n in steps if not pipe.finished(n, step_key(n, args))]:
         r["incomplete"] = "not run yet: " + ", ".join(missing)
     write_json(path, r)
@@ -215,7 +238,7 @@ def measure(pipe, tag, model, args, py, teacher_eval=None):
     teacher = ["--teacher=none"] if model == "default" else []
     if teacher_eval and os.path.exists(teacher_eval):
         teacher.append(f"--teacher_eval={teacher_eval}")
-    evaluation, niah = eval_args(args), words("--niah", args.niah)
+    evaluation, niah = step_key(f"eval_{tag}", args), step_key(f"niah_{tag}", args)
     pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + evaluation + [f"--out={ev}"] + teacher,
               key=evaluation)
     pipe.step(f"niah_{tag}", [py, "niah.py", f"--init_from={model}", f"--out_dir={niah_dir}"] + niah, key=niah)
@@ -275,6 +298,24 @@ def words(option, text):
         sys.exit(f"reproduce.py: {option}={text!r}: {e}")
 
 
+def maturity_steps(args, steps, per_step):
+    """{distillation tokens: stage-3 step} of the --maturity points, or a one-line exit for a point
+    outside stage 3."""
+    try:
+        fractions = [float(f) for f in args.maturity.split(",") if f.strip()]
+    except ValueError:
+        sys.exit(f"reproduce.py: --maturity={args.maturity!r}: expected fractions of --tokens such as 0.125,0.25,0.5")
+    before = (steps["1"] + steps["2"]) * per_step  # stage 3 starts after these tokens
+    points = {}
+    for f in fractions:
+        k = round((f * args.tokens - before) / per_step)
+        if not 0 < k < steps["3"]:
+            sys.exit(f"reproduce.py: --maturity: {f} of {args.tokens:,} tokens is not inside stage 3 (its tokens "
+                     f"{before:,} to {before + steps['3'] * per_step:,})")
+        points[str(before + k * per_step)] = k
+    return points
+
+
 def eval_args(args):
     """evaluate.py's settings for every evaluation of this run."""
     return [f"--data={args.val}", f"--mc_limit={args.mc_limit}", f"--tasks={args.tasks}"] + words("--eval_extra", args.eval_extra)
@@ -296,8 +337,9 @@ def check_settings(args):
             if e.code:  # argparse printed its message above
                 sys.exit(f"reproduce.py: {script} refuses these settings: {' '.join(argv)}")
     given = cli.parse(words("--extra", args.extra), train.Settings, train.fail)  # train.py's own one-line errors
-    if "max_iters" in given:
-        sys.exit("reproduce.py: --extra: --max_iters is set for each stage from --tokens")
+    for key in ("max_iters", "keep_at"):
+        if key in given:
+            sys.exit(f"reproduce.py: --extra: --{key} is set for each stage from --tokens (and --maturity)")
     if "window" in given:
         sys.exit("reproduce.py: --extra: --window is reproduce.py's own setting (--window=N)")
     if args.window < 1:
@@ -364,6 +406,12 @@ def main(argv=None):
     ap.add_argument("--tasks", default="lambada,arc_easy,arc_challenge,piqa,hellaswag,winogrande",
                     help="evaluate.py's tasks (the study's six)")
     ap.add_argument("--niah", default=NIAH, help="niah.py's settings")
+    ap.add_argument("--maturity", default="0.125,0.25,0.5", help="points inside stage 3, as fractions of --tokens "
+                    "(distillation tokens, stages 1-3), where its weights are kept and lightly evaluated; '' for none")
+    ap.add_argument("--maturity_tasks", default="lambada", help="evaluate.py's tasks at a maturity point")
+    ap.add_argument("--maturity_niah", default=MATURITY_NIAH, help="niah.py's settings at a maturity point")
+    ap.add_argument("--sft_kd", action="store_true", help="also run instruction-aware distillation (train.py "
+                    "--stage=sft_kd) from the stage-3 student, and evaluate it beside SFT")
     ap.add_argument("--eval_extra", default="", help="evaluate.py settings added to each evaluation, e.g. '--max_windows=4'")
     ap.add_argument("--extra", default="", help="train.py settings added to every stage, e.g. '--batch_size=32'")
     ap.add_argument("--text", default=os.path.join("data", "modern"), help="the distillation corpus (stages 1-3)")
@@ -437,11 +485,15 @@ def main(argv=None):
             sft_step = sft_batch * SFT_LENGTH * accum
         sft_tokens = args.sft_tokens or min(args.tokens // 10, os.path.getsize(os.path.join(ROOT, args.chat, "train.bin")) // 2)
         steps = {s: max(1, round(n / per_step)) for s, n in split(args.tokens).items()}
-        steps["sft"] = max(1, round(sft_tokens / sft_step))
+        steps["sft"] = steps["sft_kd"] = max(1, round(sft_tokens / sft_step))
+        maturity = maturity_steps(args, steps, per_step)
         result["settings"] = {"mixer": args.mixer, "softmax_layers": args.softmax_layers, "tokens": args.tokens,
                               "steps": steps, "tokens_per_step": per_step, "sft_tokens_per_step": sft_step,
                               "stage_tokens": {**{s: steps[s] * per_step for s in STAGES}, "sft": steps["sft"] * sft_step},
+                              "maturity": maturity, "sft_kd": args.sft_kd,
                               "text": args.text, "chat": args.chat, "extra": args.extra}
+        if not args.sft_kd:
+            del steps["sft_kd"]
         if args.mixer == "swa":
             result["settings"]["window"] = args.window
         pipe = Pipeline(args.work, name, dict(result["settings"]))
@@ -449,20 +501,28 @@ def main(argv=None):
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
             [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else []) + (
             [f"--window={args.window}"] if args.mixer == "swa" else [])
-        ckpt = {s: os.path.join(pipe.dir, args.mixer, f"stage{s}.pt") for s in (*STAGES, "sft")}
+        ckpt = {s: os.path.join(pipe.dir, args.mixer, f"stage{s}.pt") for s in (*STAGES, "sft", "sft_kd")}
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
-        for s in (*STAGES, "sft"):
+        stage3_eval = os.path.join(pipe.dir, "stage3.eval.json")
+        for s in steps:  # 1, 2, 3, sft and (--sft_kd) sft_kd, each sft from the stage-3 student
+            chat = s.startswith("sft")
             cmd = [py, "train.py", f"--stage={s}", f"--max_iters={steps[s]}", "--resume=true",
-                   f"--data_dir={args.chat if s == 'sft' else args.text}"] + common
+                   f"--data_dir={args.chat if chat else args.text}"] + common
             if gpu and "compile" not in given:
-                cmd.append(f"--compile={str(result['settings']['stage_tokens'][s] > COMPILE_TOKENS).lower()}")
-            if s == "sft" and "block_size" not in given:
+                n = result["settings"]["stage_tokens"]["sft" if chat else s]
+                cmd.append(f"--compile={str(n > COMPILE_TOKENS).lower()}")
+            if chat and "block_size" not in given:
                 cmd += [f"--block_size={SFT_LENGTH}", f"--batch_size={sft_batch}"]
+            if s == "3" and maturity:
+                cmd.append(f"--keep_at={','.join(str(k) for k in maturity.values())}")
             pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
                 measure(pipe, "stage3", ckpt["3"], args, py)
-        measure(pipe, "sft", ckpt["sft"], args, py, os.path.join(pipe.dir, "stage3.eval.json"))
+                for n, k in maturity.items():  # the kept weights inside stage 3, lightly
+                    measure(pipe, f"mature{n}", ckpt["3"][:-3] + f"_step{k}.pt", args, py, stage3_eval)
+            if chat:
+                measure(pipe, s, ckpt[s], args, py, stage3_eval)
     write_results(out, result, pipe, args, ckpt, t0)
     print(f"wrote {out}")
 

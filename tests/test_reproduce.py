@@ -72,6 +72,8 @@ def tiny(tmp_path_factory):
             f"--niah=--tasks=s_niah_1 --lengths=128 --samples=1 --depths=50 --batch_size=1 --data={d / 'text' / 'val.bin'}",
             f"--eval_extra=--teacher={t} --mc_dir={d / 'mc'} --max_windows=1 --seq_len=64 --batch_size=2",
             f"--extra=--teacher={t} --block_size=64 --batch_size=1 --eval_iters=1 --log_interval=10",
+            "--maturity=0.25", "--maturity_tasks=piqa", "--sft_kd",
+            f"--maturity_niah=--tasks=s_niah_1 --lengths=128 --samples=1 --depths=50 --batch_size=1 --data={d / 'text' / 'val.bin'}",
             f"--work={d / 'work'}", f"--results={d / 'results'}"]
     proc = run(args, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -86,7 +88,7 @@ def test_all_runs_each_student_and_the_teacher_in_its_own_process(tiny):
     proc = run(rest + ["--all", "--runs=gla,teacher"], timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "gla: finished" in proc.stdout and "teacher: finished" in proc.stdout
-    assert open(d / "work" / "gla.out").read().count(": done (") == 8
+    assert open(d / "work" / "gla.out").read().count(": done (") == 13
     assert json.load(open(d / "results" / "gla.json"))["after_sft"] == first["after_sft"]
     teacher = json.load(open(d / "results" / "teacher.json"))
     assert "kl" not in teacher["teacher"]["eval"]["model"]["lm"] and "s_niah_1" in teacher["teacher"]["niah"]
@@ -100,10 +102,18 @@ def test_all_runs_each_student_and_the_teacher_in_its_own_process(tiny):
 def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
     _, _, r = tiny
     s = r["settings"]
-    assert s["tokens_per_step"] == 64 and s["steps"]["sft"] == 2  # 128 SFT tokens at the length asked for
+    assert s["tokens_per_step"] == 64 and s["steps"]["sft"] == s["steps"]["sft_kd"] == 2  # 128 SFT tokens
+    # the maturity point: a quarter of the budget, on a step of stage 3, evaluated lightly
+    (point, step), = s["maturity"].items()
+    before = s["stage_tokens"]["1"] + s["stage_tokens"]["2"]
+    assert int(point) == before + step * 64 and abs(int(point) - 1000) <= 32 and 0 < step < s["steps"]["3"]
+    m = r["maturity"][point]
+    assert m["tokens"] == int(point) and set(m["eval"]["summary"]["recovery"]) >= {"piqa"}
+    assert "arc_easy" not in m["eval"]["summary"]["recovery"] and set(m["niah"]["s_niah_1"]) == {"128"}
+    assert m["eval"]["model"]["lm"]["ppl"] != r["after_stage3"]["eval"]["model"]["lm"]["ppl"]  # another student
     assert all(abs(s["stage_tokens"][k] - n) <= 32 for k, n in reproduce.split(4000).items())
     assert {k: h["steps"] for k, h in r["history"].items()} == s["steps"]  # every stage ran to its end
-    for after in ("after_stage3", "after_sft"):
+    for after in ("after_stage3", "after_sft", "after_sft_kd"):
         ev = r[after]["eval"]
         assert ev["model"]["lm"]["ppl"] > 1 and ev["model"]["lm"]["kl"] > 0
         assert set(ev["summary"]["recovery"]) >= {"arc_easy", "piqa", "avg"}
@@ -115,8 +125,12 @@ def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
     assert "evaluating the teacher" in open(d / "work" / "gla" / "eval_stage3.log").read()
     # SFT changed the student: its held-out perplexity moved
     assert r["after_sft"]["eval"]["model"]["lm"]["ppl"] != r["after_stage3"]["eval"]["model"]["lm"]["ppl"]
+    # instruction-aware distillation started from the same student and trained another way
+    assert r["after_sft_kd"]["eval"]["model"]["lm"]["ppl"] != r["after_sft"]["eval"]["model"]["lm"]["ppl"]
+    assert "--stage=sft_kd" in open(d / "work" / "gla" / "stagesft_kd.log").read()  # train.py's settings block
     assert set(r["seconds"]) == {"stage1", "stage2", "stage3", "eval_stage3", "niah_stage3", "stagesft",
-                                 "eval_sft", "niah_sft"}
+                                 "eval_sft", "niah_sft", "stagesft_kd", "eval_sft_kd", "niah_sft_kd",
+                                 f"eval_mature{point}", f"niah_mature{point}"}
     assert r["commit"] and r["machine"] and r["command"].startswith("python scripts/reproduce.py")
 
 
@@ -124,7 +138,7 @@ def test_a_second_call_finds_every_step_done_and_other_settings_are_refused(tiny
     d, args, first = tiny
     proc = run(args, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count(": done (") == 8  # no step ran again
+    assert proc.stdout.count(": done (") == 13  # no step ran again
     again = json.load(open(d / "results" / "gla.json"))
     assert again["after_sft"] == first["after_sft"] and again["seconds"] == first["seconds"]
     proc = run([a if not a.startswith("--tokens") else "--tokens=8k" for a in args], timeout=300)
@@ -138,8 +152,9 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
     changed = [a if a != niah else niah.replace("--depths=50", "--depths=25") for a in args]
     proc = run(changed, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count(": done (") == 6 and "niah_stage3: " in proc.stdout and "niah_sft: " in proc.stdout
-    assert run(args, timeout=300).stdout.count(": done (") == 6  # and back
+    # the three NIAH steps with the run's settings rerun; the maturity point's has its own settings
+    assert proc.stdout.count(": done (") == 10 and "niah_stage3: " in proc.stdout and "niah_sft_kd: " in proc.stdout
+    assert run(args, timeout=300).stdout.count(": done (") == 10  # and back
     fresh = [a for a in args if not a.startswith(("--work", "--results"))] + [f"--work={tmp_path}", f"--results={tmp_path}"]
     for bad, says in (("--niah=--lengths=abc", "niah.py refuses these settings"), ("--extra=\"", "--extra="),
                       ("--extra=--block_size=0", "--block_size=0"), (f"--eval_extra=--mc_dir={d / 'mc'} --max_windows=0", "evaluate.py refuses"),
@@ -165,28 +180,30 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
 
 def test_a_run_cut_short_keeps_its_numbers_and_names_what_is_missing(tiny, tmp_path):
     d, args, first = tiny
-    opts = dict(a[2:].split("=", 1) for a in args)
+    opts = dict(a[2:].split("=", 1) for a in args if "=" in a)
     ns = argparse.Namespace(teacher=False, val=opts["val"], mc_limit=int(opts["mc_limit"]), tasks=opts["tasks"],
-                            eval_extra=opts["eval_extra"], niah=opts["niah"])
+                            eval_extra=opts["eval_extra"], niah=opts["niah"], sft_kd=True,
+                            maturity_tasks=opts["maturity_tasks"], maturity_niah=opts["maturity_niah"])
+    settings = json.load(open(d / "work" / "gla" / "done.json"))["settings"]
     pipe = reproduce.Pipeline(str(d / "work"), "gla", json.load(open(d / "work" / "gla" / "done.json"))["settings"])
-    ckpt = {s: str(d / "work" / "gla" / "gla" / f"stage{s}.pt") for s in ("1", "2", "3", "sft")}
+    ckpt = {s: str(d / "work" / "gla" / "gla" / f"stage{s}.pt") for s in ("1", "2", "3", "sft", "sft_kd")}
     assert "incomplete" not in first
     del pipe.done["niah_sft"]  # cut inside the last step
-    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla", "settings": settings}, pipe, ns, ckpt, 0)
     cut = json.load(open(tmp_path / "cut.json"))
     assert cut["incomplete"] == "not run yet: niah_sft"
     assert cut["after_sft"] == {**first["after_sft"], "niah": {}} and cut["after_stage3"] == first["after_stage3"]
     assert cut["history"] == first["history"]
-    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, {**ckpt, "sft": str(tmp_path / "gone.pt")}, 0)
-    assert set(json.load(open(tmp_path / "cut.json"))["history"]) == {"1", "2", "3"}  # a folder copied without it
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla", "settings": settings}, pipe, ns, {**ckpt, "sft": str(tmp_path / "gone.pt")}, 0)
+    assert set(json.load(open(tmp_path / "cut.json"))["history"]) == {"1", "2", "3", "sft_kd"}  # a folder without sft's
     for step in ("stagesft", "eval_sft", "niah_stage3"):  # cut earlier: less is kept
         del pipe.done[step]
-    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla", "settings": settings}, pipe, ns, ckpt, 0)
     cut = json.load(open(tmp_path / "cut.json"))
     assert cut["incomplete"] == "not run yet: niah_stage3, stagesft, eval_sft, niah_sft"
-    assert "after_sft" not in cut and cut["after_stage3"]["niah"] == {} and set(cut["history"]) == {"1", "2", "3"}
+    assert "after_sft" not in cut and cut["after_stage3"]["niah"] == {} and set(cut["history"]) == {"1", "2", "3", "sft_kd"}
     pipe.done["eval_stage3"]["key"] = ["--mc_limit=99"]  # evaluated with other settings: not this run's numbers
-    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla"}, pipe, ns, ckpt, 0)
+    reproduce.write_results(str(tmp_path / "cut.json"), {"name": "gla", "settings": settings}, pipe, ns, ckpt, 0)
     assert "after_stage3" not in json.load(open(tmp_path / "cut.json"))
 
 
@@ -198,7 +215,7 @@ def test_a_killed_step_runs_again_and_the_rest_stays_done(tiny):
     json.dump(state, open(state_path, "w"))
     proc = run(args, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count(": done (") == 7 and "niah_sft: " in proc.stdout
+    assert proc.stdout.count(": done (") == 12 and "niah_sft: " in proc.stdout
     assert "niah_sft" in json.load(open(state_path))["steps"]
     assert "incomplete" not in json.load(open(d / "results" / "gla.json"))
 
@@ -335,3 +352,153 @@ def test_the_report_skips_files_that_are_not_runs(tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("report.py: skipping") for line in err)
     assert "| GLA |" in (tmp_path / "r" / "report.md").read_text()
+
+
+def measured(lam, width=0.01, recovery=0.95, kl=0.4, passkey=(0.5, 0.3, 0.1, 0.0)):
+    """One evaluation and its NIAH as reproduce.py writes them, with the numbers the report reads:
+    LAMBADA accuracy lam +- width, average recovery +- 2 points, KL, the passkey from 512 up."""
+    return {"eval": {"model": {"lm": {"ppl": 8.0, "kl": kl}, "lambada": {"acc": {"score": lam, "ci": [lam - width, lam + width]}}},
+                     "teacher": {}, "summary": {"recovery": {"lambada": [lam / 0.25, lam / 0.25 - 0.1, lam / 0.25 + 0.1],
+                                                             "avg": [recovery, recovery - 0.02, recovery + 0.02]}}},
+            "niah": {"s_niah_1": {str(L): a for L, a in zip((512, 1024, 2048, 4096), passkey)}}}
+
+
+def grown(name, early, end, width=0.01, kl=(0.5, 0.4), at=25_000_000):
+    """A whole student run at 100M tokens with maturity points at 12.5M, `at` (about 25M) and 50M:
+    LAMBADA accuracy early at `at`, end after stage 3, the passkey (512 / 1k / 2k) climbing."""
+    run = {"name": name, "machine": "m", "date": "2026-12-04", "commit": "c0ffee", "command": "python scripts/reproduce.py",
+           "settings": {"mixer": name, "tokens": 100_000_000,
+                        "stage_tokens": {"1": 2_700_000, "2": 5_300_000, "3": 92_000_000, "sft": 10_000_000}},
+           "after_stage3": measured(end, width, kl=kl[1]), "after_sft": measured(end, width)}
+    points = ((12_500_000, early - 0.01, kl[0] + 0.1, 0.1), (at, early, kl[0], 0.2), (50_000_000, (early + end) / 2, kl[0], 0.3))
+    run["maturity"] = {str(t): {"tokens": t, **measured(a, width, kl=k, passkey=(p, p, p))} for t, a, k, p in points}
+    return run
+
+
+def test_rank_correlation_by_hand():
+    assert report.ranks([3, 1, 2, 2]) == [4, 1, 2.5, 2.5]  # ties share the mean of their ranks
+    assert report.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert report.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # no ties: 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 120
+    assert report.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    # ties: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4), their Pearson correlation 4.5 / sqrt(4.5 * 5)
+    assert report.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / (4.5 * 5) ** 0.5)
+    assert report.spearman([1, 1, 1], [1, 2, 3]) != report.spearman([1, 1, 1], [1, 2, 3])  # nan: no order
+    sure = [[a, a - 0.001, a + 0.001] for a in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    assert report.rho_interval(sure, sure) == (1.0, 1.0)  # intervals far apart: the order never moves
+    assert report.rho_interval(sure, sure[::-1]) == (-1.0, -1.0)
+    vague = [[a, a - 0.5, a + 0.5] for a in (0.1, 0.2, 0.3, 0.4, 0.5)]
+    lo, hi = report.rho_interval(vague, vague)
+    assert lo < 0 < report.RHO_HOLDS < hi and report.rho_interval(vague, vague) == (lo, hi)  # seeded: the same twice
+
+
+def line(runs, start):
+    """The finding line that starts with start."""
+    return next(f for f in report.findings(runs).splitlines() if f.startswith(start))
+
+
+def test_gaps_established_early_are_judged_from_the_ranks():
+    gaps = "- Gaps are established early and persist"
+    accs = dict(zip(report.ORDER[:7], (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40)))
+    runs = {n: grown(n, a, a + 0.05, width=0.005) for n, a in accs.items()}
+    runs["kda"] = grown("kda", 0.40, 0.45, width=0.005, at=25_001_984)  # a point the stage's steps rounded
+    runs["hybrid"] = grown("hybrid", 0.9, 0.01)  # not one of the seven: not ranked
+    got = line(runs, gaps)
+    assert ": holds. rho 1.00 [1.00, 1.00] over 7 mixers. At 25M: KDA 40.0%, Gated DeltaNet 35.0%, " in got
+    assert "; at the end (100M): KDA 45.0%, Gated DeltaNet 40.0%, " in got and "Linear Attention 15.0%; on KL" in got
+    assert got.endswith("on KL to the teacher (lower is better, no interval): rho nan")  # every KL the same
+    for n, a in accs.items():  # KL falling with accuracy at both points: the same order
+        runs[n] = grown(n, a, a + 0.05, width=0.005, kl=(1 - a, 0.9 - a))
+    assert line(runs, gaps).endswith("rho 1.00")
+    late = dict(zip(accs, sorted(accs.values(), reverse=True)))  # the end's order reversed
+    runs.update({n: grown(n, a, late[n], width=0.005) for n, a in accs.items()})
+    assert ": does not hold. rho -1.00 [-1.00, -1.00] over 7 mixers." in line(runs, gaps)
+    runs.update({n: grown(n, a, a + 0.05, width=0.2) for n, a in accs.items()})  # intervals wider than the gaps
+    got = line(runs, gaps)
+    lo, hi = (float(x) for x in got.split("rho 1.00 [")[1].split("]")[0].split(", "))
+    assert ": not settled. rho 1.00 [" in got and lo < report.RHO_HOLDS < hi
+    for n in report.ORDER[3:7]:  # three mixers left with maturity points: too few to judge
+        del runs[n]["maturity"]
+    assert ": not settled (only 3 of the seven mixers measured at both points). rho 1.00 [" in line(runs, gaps)
+    for n in runs:
+        runs[n].pop("maturity", None)
+    assert line(runs, gaps).endswith(": not measured (no run has maturity points).")
+
+
+def kd(name, sft_recovery, kd_recovery, sft_passkey, kd_passkey):
+    """A run with SFT and instruction-aware distillation: average recovery +- 2 points, the passkey."""
+    run = grown(name, 0.2, 0.3)
+    run["after_sft"] = measured(0.3, recovery=sft_recovery, kl=0.6, passkey=sft_passkey)
+    run["after_sft_kd"] = measured(0.3, recovery=kd_recovery, kl=0.5, passkey=kd_passkey)
+    return run
+
+
+def test_instruction_aware_distillation_is_judged_from_the_intervals():
+    claim = "- Instruction-aware distillation gives no consistent advantage over SFT"
+    flat = (0.5, 0.3, 0.1, 0.0)
+    runs = {"gla": grown("gla", 0.2, 0.3)}
+    assert line(runs, claim).endswith(": not measured (no run has instruction-aware distillation).")
+    runs = {"gla": kd("gla", 0.90, 0.95, flat, flat), "gated_deltanet": kd("gated_deltanet", 0.90, 0.95, flat, flat)}
+    got = line(runs, claim)  # its interval [93, 97] wholly above SFT's [88, 92] in both runs
+    assert ": does not hold for the 2 runs measured. GLA: recovery 90.0 [88.0, 92.0] after SFT vs 95.0 [93.0, 97.0] " \
+           "(above), mean passkey 22% vs 22% (level); Gated DeltaNet: " in got
+    runs["gla"] = kd("gla", 0.90, 0.91, flat, flat)  # overlapping, the passkey level
+    assert ": not settled (it is ahead in 1 of 2 runs) for the 2 runs measured." in line(runs, claim)
+    runs["gated_deltanet"] = kd("gated_deltanet", 0.90, 0.91, flat, flat)
+    assert ": not settled (it is ahead in no run, but no run's passkey falls by more than 10 points)" in line(runs, claim)
+    runs["gated_deltanet"] = kd("gated_deltanet", 0.90, 0.91, (1.0, 0.8, 0.4, 0.2), (0.9, 0.5, 0.2, 0.0))
+    got = line(runs, claim)  # a fall of 20 points in one run
+    assert ": holds for the 2 runs measured." in got and "mean passkey 60% vs 40% (down)" in got
+    runs["gla"] = kd("gla", 0.90, 0.95, flat, (0.2, 0.0, 0.0, 0.0))  # above on recovery, down on the passkey: not ahead
+    assert ": holds for the 2 runs measured." in line(runs, claim)
+    runs["gla"] = kd("gla", 0.90, 0.91, flat, (0.9, 0.7, 0.5, 0.3))  # up 40 points on the passkey: ahead
+    assert ": not settled (it is ahead in 1 of 2 runs)" in line(runs, claim)
+
+
+def test_the_report_draws_maturity_and_sets_instruction_aware_distillation_beside_sft(tmp_path, monkeypatch, capsys):
+    r = tmp_path / "r"
+    r.mkdir()
+    for i, n in enumerate(report.ORDER[:7]):
+        (r / f"{n}.json").write_text(json.dumps(grown(n, 0.1 + 0.05 * i, 0.15 + 0.05 * i)))
+    (r / "gla.json").write_text(json.dumps(kd("gla", 0.90, 0.91, (0.5, 0.3, 0.1, 0.0), (0.4, 0.2, 0.1, 0.0))))
+    broken = grown("swa", 0.1, 0.2)
+    del broken["maturity"]["12500000"]["tokens"]
+    (r / "swa.json").write_text(json.dumps(broken))
+    panels = []
+    real = report.save
+    monkeypatch.setattr(report, "save", lambda fig, axes, *a: panels.append(
+        [{ln.get_label(): ln.get_xydata().tolist() for ln in ax.get_lines()} for ax in axes]) or real(fig, axes, *a))
+    report.main([f"--results={r}", f"--assets={tmp_path / 'assets'}"])
+    assert "report.py: skipping" in capsys.readouterr().err and "swa.json" not in str(panels)
+    assert os.path.getsize(tmp_path / "assets" / "study_maturity.png") > 10_000
+    recovery, passkey = panels[-1]  # the maturity figure, drawn last: every point, then the end after stage 3
+    tokens = [12_500_000, 25_000_000, 50_000_000, 100_000_000]
+    assert [x for x, _ in recovery["KDA"]] == tokens and [x for x, _ in passkey["KDA"]] == tokens
+    assert [y for _, y in recovery["KDA"]] == pytest.approx([156, 160, 170, 180])  # LAMBADA's recovery, in %
+    assert [y for _, y in passkey["KDA"]] == pytest.approx([10, 20, 30, 30])  # at the end, (50 + 30 + 10) / 3
+    assert len(recovery) == 7
+    text = (r / "report.md").read_text()
+    assert "![maturity](../assets/study_maturity.png)" in text
+    assert "| GLA | SFT | 90.0 [88.0, 92.0] | 0.600 | 50 | 30 | 10 | 0 |" in text
+    assert "| GLA | instruction-aware distillation | 91.0 [89.0, 93.0] | 0.500 | 40 | 20 | 10 | 0 |" in text
+    assert "- Gaps are established early and persist" in text and ": holds. rho 1.00 [" in text
+    assert "(it is ahead in no run, but no run's passkey falls by more than 10 points)" in text  # down 5: not counted
+    for path in r.glob("*.json"):  # maturity points of other tasks and lengths: nothing to draw, and said so
+        run = json.loads(path.read_text())
+        for m in run["maturity"].values():
+            del m["eval"]["model"]["lambada"], m["eval"]["summary"]["recovery"]["lambada"]
+            m["niah"] = {"s_niah_1": {"128": 1.0}}
+        run["after_stage3"]["niah"] = {}
+        path.write_text(json.dumps(run))
+    report.main([f"--results={r}", f"--assets={tmp_path / 'bare'}"])
+    assert not os.path.exists(tmp_path / "bare" / "study_maturity.png") and os.path.exists(tmp_path / "bare" / "study_loss.png")
+    assert "No maturity point measured LAMBADA or the passkey at 512 / 1k / 2k: no figure." in (r / "report.md").read_text()
+    for path in r.glob("*.json"):  # without maturity points or instruction-aware distillation: no figure, and said so
+        run = json.loads(path.read_text())
+        run.pop("maturity", None), run.pop("after_sft_kd", None)
+        path.write_text(json.dumps(run))
+    report.main([f"--results={r}", f"--assets={tmp_path / 'none'}"])
+    text = (r / "report.md").read_text()
+    assert not os.path.exists(tmp_path / "none" / "study_maturity.png") and os.path.exists(tmp_path / "none" / "study_loss.png")
+    assert "No run has maturity points (evaluations inside stage 3): no figure." in text
+    assert "No run has instruction-aware distillation (after_sft_kd)." in text

@@ -109,6 +109,34 @@ def test_stages_chain_through_checkpoints_and_plots(setup, chain):
     assert blob["step"] == 8 and blob["settings"]["stage"] == "3" and blob["settings"]["learning_rate"] == 1e-2
 
 
+def test_instruction_aware_distillation_learns_the_teachers_answers_from_stage3(setup, chain, tmp_path):
+    # sft_kd: stage 3's CE + KL on sft's chat data, from stage 3's checkpoint; both terms count the
+    # assistant's tokens alone, so the KL it lowers is the one sft's evaluation reports
+    out = tmp_path / "out"
+    shutil.copytree(setup / "out" / MIXER, out / MIXER)
+    kd = train.main(args(setup, stage="sft_kd", out_dir=out))
+    val = kd["val"]
+    assert val[0]["kl"] == pytest.approx(chain["sft"]["val"][0]["kl"], rel=1e-6)  # the same start, data, positions
+    assert val[-1]["loss"] < 0.95 * val[0]["loss"]
+    assert val[-1]["kl"] < chain["sft"]["val"][-1]["kl"]  # it stays nearer the teacher than sft, which ignores it
+    assert val[0]["loss"] == pytest.approx(val[0]["ce"] + val[0]["kl"], rel=1e-5)  # CE + KL, weights 1:1
+    assert (out / MIXER / "stagesft_kd.pt").exists()
+
+
+def test_kept_steps_are_checkpoints_of_those_steps(setup, tmp_path):
+    h = train.main(args(setup, stage="1", out_dir=tmp_path, max_iters=6, eval_interval=6, keep_at="2,4"))
+    assert [v["step"] for v in h["val"]] == [0, 2, 4, 6]  # each kept step is evaluated too
+    _, at4 = checkpoint.read(str(tmp_path / MIXER / "stage1_step4.pt"))
+    _, at6 = checkpoint.read(str(tmp_path / MIXER / "stage1.pt"))
+    assert (tmp_path / MIXER / "stage1_step2.pt").exists() and _changed(at4, at6)
+    # the kept weights are the run's at step 4: a run of 6 steps, cut after step 4, holds them
+    with pytest.raises(SystemExit):
+        train.main(args(setup, stage="1", out_dir=tmp_path / "cut", max_iters=6, eval_interval=2, keep_at="x"))
+    train.main(args(setup, stage="1", out_dir=tmp_path / "cut", max_iters=6, eval_interval=4))
+    _, cut = checkpoint.read(str(tmp_path / "cut" / MIXER / "stage1.pt"))
+    assert not _changed(at6, cut)
+
+
 def _changed(a, b):
     return {k for k in b if not torch.equal(a[k], b[k])}  # b: a checkpoint (no tied lm_head)
 
