@@ -4,7 +4,7 @@ Train a linear-time student of a SmolLM2 teacher, one stage at a time, in one lo
     python train.py --mixer=gated_deltanet --stage=1     # a few minutes on 2 CPU cores
     python train.py --mixer=gated_deltanet --stage=2     # starts from out/gated_deltanet/stage1.pt
     python train.py --mixer=gated_deltanet --stage=3     # then sft (or sft_kd): ChatML conversations
-    python train.py --mixer=kda --stage=1 --softmax_layers=7,15,23   # a hybrid student
+    python train.py --mixer=kda --stage=1 --softmax_layers=5,15,25   # a hybrid student
     torchrun --standalone --nproc_per_node=2 train.py --mixer=gated_deltanet --stage=3
 
 distill.py says what each stage is, and distill.STAGES holds each stage's defaults. Every setting
@@ -46,7 +46,7 @@ class Settings:
     schedule: str  # "wsd" (warmup, stable, linear decay) or "cosine"
     data_dir: str  # train.bin and val.bin (chat: with their masks): data/modern, data/smoltalk or data/sharegpt
     init_from: str  # where the student starts: "teacher" (a new student built from it) or a checkpoint
-    max_iters: int  # optimizer steps: 40 on a CPU, the stage's token budget on a GPU
+    max_iters: int  # optimizer steps: 40 on a CPU; on a GPU the stage's token budget (sft, sft_kd: one epoch)
     # --- what to train ---
     mixer: str = "gated_deltanet"  # student token mixer: one of model.MIXERS ("attention": a copy of the teacher)
     stage: str = "1"  # "1", "2", "3", "sft", "sft_kd" or "lm"; distill.py says what each is
@@ -54,7 +54,7 @@ class Settings:
     out_dir: str = "out"  # checkpoint <out_dir>/<mixer>/stage<N>.pt and its plot stage<N>.png
     resume: bool = True  # continue from this stage's own checkpoint when it exists; false starts over
     # --- a new student (init_from=teacher); later stages take the architecture from their checkpoint ---
-    softmax_layers: str = ""  # layers kept as softmax attention, e.g. "7,15,23": a hybrid student
+    softmax_layers: str = ""  # layers kept as softmax attention, e.g. "5,15,25": a hybrid student
     window: int = 512  # keys seen by sliding-window attention (--mixer=swa)
     short_conv: bool = True  # the short causal conv on q, k, v, for every mixer alike
     # --- data ---
@@ -80,7 +80,7 @@ class Settings:
     log_interval: int = 1  # steps between log lines (each one waits for the GPU)
     # --- system ---
     device: str = "cpu"  # torchrun picks cuda:<local rank> itself
-    dtype: str = "float32"  # autocast dtype, "bfloat16" or "float32" (no autocast: a CPU without bf16 runs 40x slower)
+    dtype: str = "float32"  # autocast dtype, "bfloat16" or "float32" = none (on a CPU without bf16, bf16 is 40x slower)
     backend: str = "torch"  # the mixers' form: "naive", "torch" or "triton" (mixers.py)
     compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
     seed: int = 1337  # new mixer weights and the order of batches
@@ -140,6 +140,12 @@ def settings(argv):
         stored = {k: v for k, v in state["settings"].items() if k in asdict(s) and v != ""}
         s = Settings(**{**asdict(s), **stored, **given})
     check(s)
+    start = distill.STAGES[s.stage]["start"]
+    if state is None and s.init_from == ckpt_path(s, start) and not os.path.exists(s.init_from):  # not made yet
+        extra = "".join(f" --{k}={getattr(s, k)}" for k in ("teacher", "out_dir") if getattr(s, k) != getattr(Settings, k))
+        fail(f"{s.init_from} not found: stage {s.stage} starts from stage {start}'s checkpoint; make it with\n"
+             f"  python train.py --mixer={s.mixer} --stage={start}{extra}\n"
+             f"or start elsewhere with --init_from=<checkpoint>")
     return s, state
 
 
@@ -203,12 +209,6 @@ def build_student(s, teacher, resuming):
             return checkpoint.student_from_teacher(teacher, s.mixer, softmax_layers=hybrid, window=s.window,
                                                    short_conv=s.short_conv)
     src = ckpt_path(s) if resuming else s.init_from
-    start = distill.STAGES[s.stage]["start"]
-    if src == ckpt_path(s, start) and not os.path.exists(src):  # the previous stage's, not made yet
-        extra = "".join(f" --{k}={getattr(s, k)}" for k in ("teacher", "out_dir") if getattr(s, k) != getattr(Settings, k))
-        fail(f"{src} not found: stage {s.stage} starts from stage {start}'s checkpoint; make it with\n"
-             f"  python train.py --mixer={s.mixer} --stage={start}{extra}\n"
-             f"or start elsewhere with --init_from=<checkpoint>")
     with stops(f"--init_from={src}"):
         student = checkpoint.load(src)
     if student.config.mixer != s.mixer:
@@ -311,10 +311,10 @@ class Meter:
 
     def __init__(self, s, step, tokens_per_step, flops_per_token, world):
         self.s, self.tokens, self.flops, self.world = s, tokens_per_step, flops_per_token, world
-        self.t_last, self.step_last = time.time(), step
+        self.restart(step)
 
-    def restart(self):  # after an eval: eval time is not step time
-        self.t_last = time.time()
+    def restart(self, step):  # after an eval: eval time is not step time
+        self.t_last, self.step_last = time.time(), step
 
     def line(self, step, loss, lr):
         s, now = self.s, time.time()
@@ -397,6 +397,7 @@ def main(argv=None, after_step=None):
     evaluate = lambda: distill.evaluate(loss_model, teacher, val_batches, ctx)  # noqa: E731
     if master and step == 0:
         eval_and_save(s, step, history, evaluate, student, optimizer, watch)  # where the student starts
+        meter.restart(step)
     while step < s.max_iters:
         lr = lr_at(step, s)  # a function of the step alone: resuming needs no schedule state
         for group in optimizer.param_groups:
@@ -428,7 +429,7 @@ def main(argv=None, after_step=None):
             log(meter.line(step, loss_val, lr))
         if master and (step % s.eval_interval == 0 or step == s.max_iters or str(step) in s.keep_at.split(",")):
             eval_and_save(s, step, history, evaluate, student, optimizer, watch)
-            meter.restart()
+            meter.restart(step)
     if ddp:  # every rank waits for rank 0's last eval and checkpoint: gloo can abort a rank that leaves first
         dist.barrier()
         dist.destroy_process_group()

@@ -394,7 +394,7 @@ def main(argv=None):
                                  allow_abbrev=False)
     ap.error = lambda msg: sys.exit(f"reproduce.py: {msg} (--help lists the settings)")  # one line, no usage block
     ap.add_argument("--mixer", default="gated_deltanet", help="the student's token mixer (swa: the sliding-window baseline)")
-    ap.add_argument("--softmax_layers", default="", help="layers kept as softmax attention (a hybrid), e.g. 7,15,23")
+    ap.add_argument("--softmax_layers", default="", help="layers kept as softmax attention (a hybrid), e.g. 5,15,25")
     ap.add_argument("--window", type=int, default=SWA_WINDOW, help="keys seen by the swa student (default: "
                     "the linear students' state size)")
     ap.add_argument("--name", default="", help="the run's name (default: the mixer's; hybrid runs need one)")

@@ -293,6 +293,21 @@ def test_killed_and_resumed_run_gives_bitwise_the_same_losses(setup, tmp_path, m
     assert train.main(args(setup, out_dir=tmp_path / "b", **run)) == whole
 
 
+def test_the_log_line_times_steps_alone(monkeypatch):
+    # steps 1-2 take 1 s each; an eval after step 3 (off the log grid) takes 60 s; step 4 takes 1 s:
+    # the line at step 4 reports 1 s a step, and the first line after the start's eval too
+    s = train.Settings(max_iters=10, learning_rate=1.0, schedule="wsd", data_dir="", init_from="teacher", block_size=4,
+                       batch_size=2)
+    clock = iter([0.0, 60.0, 62.0, 63.0, 123.0, 124.0])
+    monkeypatch.setattr(train.time, "time", lambda: next(clock))
+    meter = train.Meter(s, 0, tokens_per_step=8, flops_per_token=0, world=1)  # t = 0
+    meter.restart(0)  # after the step-0 eval, t = 60
+    assert "| 1000 ms |" in meter.line(2, 1.0, 0.1) and "8 tok/s" in meter.line(3, 1.0, 0.1)  # t = 62, 63
+    meter.restart(3)  # the eval at step 3 ends at t = 123
+    line = meter.line(4, 1.0, 0.1)  # t = 124
+    assert "| 1000 ms |" in line and "eta 0:00:06" in line, line
+
+
 def test_schedules_warm_up_and_decay_to_the_floor():
     s = train.Settings(max_iters=100, learning_rate=1.0, warmup_frac=0.1, decay_frac=0.2, min_lr_frac=0.1, schedule="wsd",
                        data_dir="", init_from="teacher")
