@@ -7,17 +7,13 @@ Train a linear-time student of a SmolLM2 teacher, one stage at a time, in one lo
     python train.py --mixer=kda --stage=1 --softmax_layers=5,15,25   # a hybrid student
     torchrun --standalone --nproc_per_node=2 train.py --mixer=gated_deltanet --stage=3
 
-distill.py says what each stage is, and distill.STAGES holds each stage's defaults. Every setting
-below is a --key=value; a run prints its effective settings first and stores them in every
-checkpoint, <out_dir>/<mixer>/stage<N>.pt, written whole at every eval, with a plot beside it.
-The same command after a crash continues with the losses of a run that never stopped: batches
-are a function of (seed, step). Weights stay fp32 under bf16 autocast; under torchrun, rank 0
-logs, evaluates and saves. scripts/profile_train.py profiles a run's steps.
+distill.py says what each stage is; distill.STAGES holds each stage's defaults. Every setting below
+is a --key=value; a run prints its effective settings first and stores them in every checkpoint,
+<out_dir>/<mixer>/stage<N>.pt, written whole at every eval. The same command after a crash goes on
+with the losses of a run that never stopped: batches are a function of (seed, step).
 
-References:
-1) karpathy/nanoGPT train.py: the shape of this loop (settings at the top, micro-steps,
-   clipping, eval and checkpoint on the master process, one log line per step)
-2) Hu et al. 2024, MiniCPM (warmup-stable-decay schedule)
+References: 1) karpathy/nanoGPT train.py, the shape of this loop; 2) Hu et al. 2024, MiniCPM, the
+warmup-stable-decay schedule.
 """
 
 import math
@@ -149,8 +145,11 @@ def settings(argv):
     return s, state
 
 
-# settings with a range: (key, test, what the error says is expected)
-RANGES = [(k, lambda v: v >= 1, "an integer >= 1") for k in (
+# settings with a range or a form: (key, test, what the error says is expected)
+RANGES = [("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
+          ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
+          ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True, "step numbers such as 1000,2000")] + [
+    (k, lambda v: v >= 1, "an integer >= 1") for k in (
     "block_size", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "window", "max_iters")] + [
     (k, lambda v: v >= 0, "a number >= 0") for k in (
         "learning_rate", "weight_decay", "grad_clip", "ce_weight", "kl_weight", "peak_tflops")] + [
@@ -161,10 +160,7 @@ RANGES = [(k, lambda v: v >= 1, "an integer >= 1") for k in (
 
 def check(s):
     """A one-line failure for the first setting that cannot work."""
-    for key, ok, want in [("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
-                          ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
-                          ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
-                           "step numbers such as 1000,2000")] + RANGES:
+    for key, ok, want in RANGES:
         if not ok(getattr(s, key)):
             fail(f"--{key}={getattr(s, key)!r}: expected {want}")
     for key, test in (("mixer", M.check_mixer), ("backend", lambda b: mixers.check_backend(b, s.device)),
@@ -228,8 +224,8 @@ def models_and_data(s, resuming, device, master):
     with stops(f"--teacher={s.teacher}"):
         teacher = checkpoint.load(s.teacher)
     if teacher.config.mixer != "attention" or teacher.config.softmax_layers:
-        fail(f"--teacher={s.teacher} holds a {teacher.config.mixer} student, not a softmax-attention model; the "
-             f"teacher is a GGUF, a snapshot, a hub id or a checkpoint of --mixer=attention")
+        fail(f"--teacher={s.teacher} holds a {teacher.config.mixer} student, not a softmax-attention model (a GGUF, "
+             f"a snapshot, a hub id or a checkpoint of --mixer=attention)")
     student = build_student(s, teacher, resuming).set_backend(s.backend)
     for k in ("vocab_size", "n_layer", "n_embd"):
         if getattr(student.config, k) != getattr(teacher.config, k):
@@ -326,10 +322,6 @@ class Meter:
                 f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
 
 
-def count(n):
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
-
-
 def eval_and_save(s, step, history, evaluate, student, optimizer, watch):
     """Rank 0: the val metrics, then the checkpoint (past step 0) and the plot of the losses."""
     watch.check(step)  # never a non-finite checkpoint over a finite one
@@ -390,7 +382,7 @@ def main(argv=None, after_step=None):
     tokens_per_step = s.batch_size * s.block_size * s.grad_accum * world
     log(f"stage {s.stage}, {s.mixer} student of {s.teacher}: {student.num_params() / 1e6:.1f}M parameters, "
         f"{sum(p.numel() for _, p in params) / 1e6:.1f}M learn | {s.max_iters} steps of {tokens_per_step:,} tokens "
-        f"({count(s.max_iters * tokens_per_step)}) | lr {s.learning_rate:g} {s.schedule} | "
+        f"({s.max_iters * tokens_per_step:,} in all) | lr {s.learning_rate:g} {s.schedule} | "
         f"{world} x {device} {s.dtype} | data {s.data_dir}")
     watch = Watch(s, device, saved_step=step or None)  # step > 0: resumed from that checkpoint
     meter = Meter(s, step, tokens_per_step, distill.flops_per_token(s.stage, student, teacher, s.block_size), world)
