@@ -380,9 +380,10 @@ def flops_per_token(stage, student, teacher, T):
 
     blocks, head = student.model.layers, 2 * V * C  # head: one forward of the LM head
     teacher_fwd = 2 * n(teacher.model.layers) + attention(teacher)  # no LM head in stages 1, 2
-    if stage == "1":
+    loss = STAGES[stage]["loss"]
+    if loss == "attention":
         return 6 * n(b.self_attn for b in blocks) + 3 * attention(student) + teacher_fwd  # mixers only
-    if stage == "2":
+    if loss == "hidden":
         return 6 * n(blocks) + 3 * attention(student) + teacher_fwd
     student_step = 6 * n(blocks) + 3 * attention(student) + 3 * head
-    return student_step + (teacher_fwd + head if STAGES[stage]["loss"] == "distill" else 0)
+    return student_step + (teacher_fwd + head if loss == "distill" else 0)

@@ -186,7 +186,7 @@ def short_passkey(m):
     """Passkey accuracy averaged over 512, 1k and 2k tokens (the lengths a maturity point measures),
     or None where one of them is missing."""
     acc = m["niah"].get("s_niah_1", {})
-    return sum(acc[str(L)] for L in SHORT) / len(SHORT) if all(str(L) in acc for L in SHORT) else None
+    return mean_accuracy({L: acc[str(L)] for L in SHORT}) if all(str(L) in acc for L in SHORT) else None
 
 
 def ranks(xs):

@@ -485,15 +485,15 @@ def main(argv=None):
             sft_step = sft_batch * SFT_LENGTH * accum
         sft_tokens = args.sft_tokens or min(args.tokens // 10, os.path.getsize(os.path.join(ROOT, args.chat, "train.bin")) // 2)
         steps = {s: max(1, round(n / per_step)) for s, n in split(args.tokens).items()}
-        steps["sft"] = steps["sft_kd"] = max(1, round(sft_tokens / sft_step))
+        steps["sft"] = max(1, round(sft_tokens / sft_step))
+        if args.sft_kd:  # instruction-aware distillation: SFT's data and budget
+            steps["sft_kd"] = steps["sft"]
         maturity = maturity_steps(args, steps, per_step)
         result["settings"] = {"mixer": args.mixer, "softmax_layers": args.softmax_layers, "tokens": args.tokens,
                               "steps": steps, "tokens_per_step": per_step, "sft_tokens_per_step": sft_step,
                               "stage_tokens": {**{s: steps[s] * per_step for s in STAGES}, "sft": steps["sft"] * sft_step},
                               "maturity": maturity, "sft_kd": args.sft_kd,
                               "text": args.text, "chat": args.chat, "extra": args.extra}
-        if not args.sft_kd:
-            del steps["sft_kd"]
         if args.mixer == "swa":
             result["settings"]["window"] = args.window
         pipe = Pipeline(args.work, name, dict(result["settings"]))
