@@ -78,18 +78,27 @@ STAGES = {
                start="teacher"),
 }
 
-LEARNS = {  # what learns -> a test on a parameter's name (student.named_parameters())
-    # the token mixer and the norm in front of it; MLPs stay the teacher's
-    "mixers": lambda name: ".self_attn." in name or ".input_layernorm." in name,
+LEARNS = {  # what learns -> a test on a parameter's name and the hybrid's kept softmax layers
+    # the token mixers and the norms in front of them; the MLPs stay the teacher's, and so do a
+    # hybrid's kept softmax layers (the teacher's own attention: nothing to align)
+    "mixers": lambda name, kept: (".self_attn." in name or ".input_layernorm." in name)
+    and layer_of(name) not in kept,
     # whole blocks; the embeddings (tied to the LM head) and the final norm wait
-    "blocks": lambda name: name.startswith("model.layers."),
-    "all": lambda name: True,
+    "blocks": lambda name, kept: name.startswith("model.layers."),
+    "all": lambda name, kept: True,
 }
 
 
-def learns(name, stage):
-    """True when the parameter called `name` learns in `stage`."""
-    return LEARNS[STAGES[stage]["learns"]](name)
+def layer_of(name):
+    """The block a parameter belongs to: 'model.layers.7.mlp.up_proj.weight' -> 7, else None."""
+    parts = name.split(".")
+    return int(parts[2]) if name.startswith("model.layers.") else None
+
+
+def learns(name, stage, kept=()):
+    """True when the parameter called `name` learns in `stage`; kept: the softmax layers a hybrid
+    student keeps (its config.softmax_layers)."""
+    return LEARNS[STAGES[stage]["learns"]](name, kept)
 
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # the repository's corpora
@@ -116,7 +125,7 @@ def set_trainable(student, stage):
     """Freeze what `stage` keeps fixed; returns the (name, parameter) pairs that learn."""
     out = []
     for name, p in student.named_parameters():  # tied weights appear once
-        p.requires_grad_(learns(name, stage))
+        p.requires_grad_(learns(name, stage, student.config.softmax_layers))
         if p.requires_grad:
             out.append((name, p))
     return out
@@ -182,100 +191,17 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
-def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0, temperature=1.0,
-                 backend=None):
+def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
     """Stage 3's loss on logits [B, T, V], targets [B, T] (-1: no loss): (loss, ce, kl), where
     loss = ce_weight * cross_entropy + kl_weight * kl_per_token (ce and kl come detached, to log).
-    teacher_logits None: cross-entropy alone (kl 0). Backend triton (the default for CUDA
-    tensors): one fused kernel, triton_ops.distill_loss, computes the same loss and its gradient in
-    closed form, in the logits' dtype (autograd keeps several fp32 copies of [B, T, V] here)."""
-    f = mixers.forms(backend, student_logits)  # triton_ops.py for triton, as the mixers choose
-    if f is not mixers.TORCH:
-        t = None if teacher_logits is None else teacher_logits.flatten(0, 1)
-        return f.distill_loss(student_logits.flatten(0, 1), t, targets.flatten(), ce_weight, kl_weight,
-                                    temperature)
+    teacher_logits None: cross-entropy alone (kl 0). This is the loss that trains on the torch
+    backend, through autograd; on triton, triton_ops.head_loss computes the same loss and its
+    gradient without ever holding the logits whole (tests/test_kernels_glue.py checks the two)."""
     ce = cross_entropy(student_logits, targets)
     if teacher_logits is None:
         return ce, ce.detach(), torch.zeros_like(ce)
     kl = kl_per_token(teacher_logits, student_logits, temperature, mask=targets >= 0)
     return ce_weight * ce + kl_weight * kl, ce.detach(), kl.detach()
-
-
-HEAD_ROWS = 4096  # rows of logits at a time in head_loss: [4096, V] in flight, not [B*T, V]
-
-
-def _rows_loss_grad(z, t, y, inv_n, ce_weight, kl_weight, temperature, backend, grad=True):
-    """For rows z [n, V] of a batch with 1 / inv_n counted rows (teacher t or None, targets y [n],
-    -1: not counted): their parts of the batch's mean ce and kl, and the gradient dz of
-    ce_weight * ce + kl_weight * kl in z's dtype (None when not grad)."""
-    f = mixers.forms(backend, z)
-    if f is not mixers.TORCH:  # one fused kernel (triton_ops.distill_loss_grad)
-        return f.distill_loss_grad(z, t, y, ce_weight, kl_weight, temperature, grad=grad, inv_n=inv_n)
-    keep = (y >= 0).float()[:, None] * inv_n  # (n, 1)
-    ls = z.float().log_softmax(-1)
-    ce = -(ls.gather(1, y.clamp(min=0)[:, None]) * keep).sum()
-    g = ce_weight * (ls.exp() - F.one_hot(y.clamp(min=0), z.shape[1])) if grad else None  # d ce / dz
-    kl = ce.new_zeros(())
-    if t is not None:
-        lt, lz = (t.float() / temperature).log_softmax(-1), (z.float() / temperature).log_softmax(-1)
-        pt = lt.exp()
-        kl = ((pt * (lt - lz)).sum(-1, keepdim=True) * keep).sum() * temperature**2
-        g = g + kl_weight * temperature * (lz.exp() - pt) if grad else None
-    return ce, kl, (g * keep).to(z.dtype) if grad else None
-
-
-class _HeadLoss(torch.autograd.Function):
-    """head_loss's loss with its gradient computed in the forward, a slice of rows at a time
-    (the backward only scales the kept gradients by the incoming one)."""
-
-    @staticmethod
-    def forward(ctx, h, weight, t_h, t_weight, y, ce_weight, kl_weight, temperature, backend, rows, grad):
-        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-        w = weight.to(dtype)
-        tw = None if t_h is None else t_weight.to(dtype)
-        inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # on the device: no host sync
-        ce, kl = h.new_zeros((), dtype=torch.float32), h.new_zeros((), dtype=torch.float32)
-        dh = torch.empty_like(h) if grad else None
-        dw = torch.zeros_like(weight, dtype=torch.float32) if grad and weight.requires_grad else None
-        for i in range(0, h.shape[0], rows):
-            h_i = h[i:i + rows].to(dtype)
-            z = h_i @ w.t()  # (rows, V): these rows' logits, made and dropped here
-            t = None if t_h is None else t_h[i:i + rows].to(dtype) @ tw.t()
-            ce_i, kl_i, dz = _rows_loss_grad(z, t, y[i:i + rows], inv_n, ce_weight, kl_weight, temperature,
-                                             backend, grad)
-            ce, kl = ce + ce_i, kl + kl_i
-            if not grad:
-                continue
-            dh[i:i + rows] = dz @ w
-            if dw is not None:
-                dw += (dz.t() @ h_i).float()
-        ctx.save_for_backward(dh, dw)
-        ctx.mark_non_differentiable(ce, kl)
-        return ce_weight * ce + kl_weight * kl, ce, kl
-
-    @staticmethod
-    def backward(ctx, dloss, _dce, _dkl):
-        dh, dw = ctx.saved_tensors
-        dh = dh * dloss.to(dh.dtype) if ctx.needs_input_grad[0] else None
-        dw = dw * dloss if dw is not None else None
-        return dh, dw, None, None, None, None, None, None, None, None, None
-
-
-def head_loss(h, weight, targets, t_h=None, t_weight=None, ce_weight=1.0, kl_weight=1.0, temperature=1.0,
-              backend=None, rows=HEAD_ROWS):
-    """distill_loss of the logits h @ weight.T against the teacher's t_h @ t_weight.T, without
-    ever holding them whole: (loss, ce, kl), differentiable in h and weight.
-
-    h [B, T, C] the student's final hidden states (model.hidden), weight [V, C] its LM head;
-    t_h, t_weight the teacher's (None: cross-entropy alone, kl 0); targets [B, T], -1: no loss.
-    `rows` rows of logits at a time are made, scored (the fused kernel on triton) and dropped,
-    with their gradients to h and weight; a [B*T, V] tensor (3 GB at 64 x 512 tokens in bf16)
-    never exists, nor its gradient, nor the teacher's.
-    """
-    t_h = None if t_h is None else t_h.flatten(0, 1)
-    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
-    return _HeadLoss.apply(h.flatten(0, 1), weight, t_h, t_weight, targets.flatten(), float(ce_weight),
-                           float(kl_weight), float(temperature), backend, int(rows), grad)
 
 
 class StageLoss(nn.Module):
@@ -310,19 +236,28 @@ class StageLoss(nn.Module):
 
     def from_hidden(self, h, targets, teacher_out):
         """The losses on the next token (stages 3, sft, sft_kd, lm) from the student's final hidden
-        states h [B, T, C] (model.hidden): the LM head is applied inside the loss, a slice of rows
-        at a time (head_loss); rows without a target (-1: a chat's user turns) count in neither term."""
+        states h [B, T, C] (model.hidden) and the teacher's (teacher_pass); rows without a target
+        (-1: a chat's user turns) count in neither term."""
         weight = self.student.lm_head.weight
-        if self.loss == "ce":  # sft and lm: cross-entropy alone
-            ce, _, _ = head_loss(h, weight, targets, backend=self.backend)
-            return ce, {"loss": ce.detach(), "ce": ce.detach()}
-        loss, ce, kl = head_loss(h, weight, targets, teacher_out["final"], teacher_out["head"],
-                                 self.ce_weight, self.kl_weight, self.temperature, self.backend)
-        return loss, {"loss": loss.detach(), "ce": ce, "kl": kl}
+        t_h, t_w, weights = None, None, {}  # sft and lm: cross-entropy alone
+        if self.loss == "distill":
+            t_h, t_w = teacher_out["final"], teacher_out["head"]
+            weights = dict(ce_weight=self.ce_weight, kl_weight=self.kl_weight, temperature=self.temperature)
+        if self.backend == "triton" or (self.backend is None and h.is_cuda):
+            # the GPU's memory optimization: the same loss, the LM heads applied inside a fused
+            # kernel a slice of rows at a time, so that no [B*T, V] logits (3 GB at 64 x 512 in
+            # bf16) or their gradient ever exist
+            import triton_ops
+
+            loss, ce, kl = triton_ops.head_loss(h, weight, targets, t_h, t_w, **weights)
+        else:  # the definition, through autograd
+            t_logits = None if t_h is None else F.linear(t_h, t_w)
+            loss, ce, kl = distill_loss(F.linear(h, weight), t_logits, targets, **weights)
+        return loss, {"loss": loss.detach(), "ce": ce} | ({"kl": kl} if t_h is not None else {})
 
 
 @torch.no_grad()
-def compare(h, weight, t_h, t_weight, targets, rows=HEAD_ROWS):
+def compare(h, weight, t_h, t_weight, targets, rows=4096):
     """How close the student is to the teacher on one batch, over the positions with a target:
     both cross-entropies, KL(teacher || student) and top-1 agreement (argmax equal). From the
     final hidden states h, t_h [B, T, C] and LM heads [V, C], a slice of rows at a time."""

@@ -35,7 +35,7 @@ tensor that the Python around it maps to None. Scalars (scale, eps, weights) are
     linearize::recurrent_step_decay_additive             recurrent_step_decay_additive
     linearize::recurrent_step_delta_rule                 recurrent_step_delta_rule
     linearize::short_conv_fwd, short_conv_bwd            short_conv
-    linearize::distill_loss                              distill_loss, distill_loss_grad
+    linearize::distill_loss                              distill_loss, distill_loss_grad, head_loss
     linearize::norm_fwd, norm_bwd                        rms_norm_gate, l2_normalize
     linearize::log_decay_fwd, log_decay_bwd              softplus_decay, sigmoid_decay
 
@@ -64,9 +64,10 @@ Sections:
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
     5. Training glue, fused: in_projection (the layers' stacked projection, its rows padded for
        aligned loads), short_conv (mixers.ShortConv; also cutting q, k, v into heads and
-       L2-normalizing q and k), distill_loss and distill_loss_grad (distill.py's stage-3 loss),
-       rms_norm_gate (the mixers' output norm and gate), l2_normalize (the delta rules' q and k
-       without a conv), softplus_decay and sigmoid_decay (the log decays of Gated DeltaNet and KDA)
+       L2-normalizing q and k), distill_loss, distill_loss_grad and head_loss (distill.py's
+       stage-3 loss; head_loss applies the LM heads a slice of rows at a time), rms_norm_gate
+       (the mixers' output norm and gate), l2_normalize (the delta rules' q and k without a
+       conv), softplus_decay and sigmoid_decay (the log decays of Gated DeltaNet and KDA)
 """
 
 from typing import Optional
@@ -2417,6 +2418,65 @@ def distill_loss(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
     grad = torch.is_grad_enabled() and z.requires_grad
     loss, ce, kl, _ = _distill_loss_op(z, t, y, float(ce_weight), float(kl_weight), float(temperature), grad)
     return loss, ce, kl
+
+
+HEAD_ROWS = 4096  # rows of logits at a time in head_loss: [4096, V] in flight, not [B*T, V]
+
+
+class _HeadLoss(torch.autograd.Function):
+    """head_loss's loss with its gradient computed in the forward, a slice of rows at a time
+    (the backward only scales the kept gradients by the incoming one)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, t_h, t_weight, y, ce_weight, kl_weight, temperature, rows, grad):
+        on = torch.is_autocast_enabled(h.device.type)
+        dtype = torch.get_autocast_dtype(h.device.type) if on else h.dtype
+        w = weight.to(dtype)
+        tw = None if t_h is None else t_weight.to(dtype)
+        inv_n = 1.0 / (y >= 0).sum().clamp(min=1).float()  # on the device: no host sync
+        ce, kl = h.new_zeros((), dtype=torch.float32), h.new_zeros((), dtype=torch.float32)
+        dh = torch.empty_like(h) if grad else None
+        dw = torch.zeros_like(weight, dtype=torch.float32) if grad and weight.requires_grad else None
+        for i in range(0, h.shape[0], rows):
+            h_i = h[i:i + rows].to(dtype)
+            z = h_i @ w.t()  # (rows, V): these rows' logits, made and dropped here
+            t = None if t_h is None else t_h[i:i + rows].to(dtype) @ tw.t()
+            ce_i, kl_i, dz = distill_loss_grad(z, t, y[i:i + rows], ce_weight, kl_weight, temperature,
+                                               grad=grad, inv_n=inv_n)
+            ce, kl = ce + ce_i, kl + kl_i
+            if not grad:
+                continue
+            dh[i:i + rows] = dz @ w
+            if dw is not None:
+                dw += (dz.t() @ h_i).float()
+        ctx.save_for_backward(dh, dw)
+        ctx.mark_non_differentiable(ce, kl)
+        return ce_weight * ce + kl_weight * kl, ce, kl
+
+    @staticmethod
+    def backward(ctx, dloss, _dce, _dkl):
+        dh, dw = ctx.saved_tensors
+        dh = dh * dloss.to(dh.dtype) if ctx.needs_input_grad[0] else None
+        dw = dw * dloss if dw is not None else None
+        return dh, dw, None, None, None, None, None, None, None, None
+
+
+def head_loss(h, weight, targets, t_h=None, t_weight=None, ce_weight=1.0, kl_weight=1.0, temperature=1.0,
+              rows=HEAD_ROWS):
+    """distill.distill_loss of the logits h @ weight.T against the teacher's t_h @ t_weight.T,
+    without ever holding them whole: (loss, ce, kl), differentiable in h and weight. What the
+    stage-3, sft and lm losses run on the triton backend (distill.StageLoss.from_hidden).
+
+    h [B, T, C] the student's final hidden states (model.hidden), weight [V, C] its LM head;
+    t_h, t_weight the teacher's (None: cross-entropy alone, kl 0); targets [B, T], -1: no loss.
+    `rows` rows of logits at a time are made, scored by the fused kernel (distill_loss_grad) and
+    dropped, with their gradients to h and weight; a [B*T, V] tensor (3 GB at 64 x 512 tokens in
+    bf16) never exists, nor its gradient, nor the teacher's.
+    """
+    t_h = None if t_h is None else t_h.flatten(0, 1)
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return _HeadLoss.apply(h.flatten(0, 1), weight, t_h, t_weight, targets.flatten(), float(ce_weight),
+                           float(kl_weight), float(temperature), int(rows), grad)
 
 
 # Norms over the last axis, with an optional gate, for rows of D <= 1024 (one block a row):

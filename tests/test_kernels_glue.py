@@ -1,8 +1,10 @@
-"""The fused training glue of triton_ops.py section 5: short_conv, distill_loss_grad and the norms.
+"""The fused training glue of triton_ops.py section 5: short_conv, the distillation loss and the norms.
 
 short_conv against mixers.ShortConv's PyTorch form (F.conv1d, then SiLU) in fp64: output and the
 gradients of x and the weights. distill_loss_grad against autograd through distill.cross_entropy and
-distill.kl_per_token: loss, its parts and the gradient of the student's logits. On the CPU the
+distill.kl_per_token: loss, its parts and the gradient of the student's logits; distill_loss and
+head_loss (the LM heads applied a slice of rows at a time) against distill.distill_loss, the loss
+that trains on the torch backend, through autograd. On the CPU the
 kernels run in Triton's interpreter, in fp32, at shapes that cut blocks; on a GPU in bf16 at
 training shapes.
 """
@@ -187,41 +189,55 @@ def test_distill_loss_matches_ce_plus_kl(V, temperature):
     assert abs(loss.item() - ce_r.item()) < 1e-5 * ce_r.item() and kl.item() == 0 and rel(g, g_r) < 1e-5
 
 
-def test_distill_loss_takes_the_kernel_on_the_triton_backend():
-    # distill.distill_loss (what train.py calls) on the triton backend against the torch backend
-    # (cross_entropy + kl_per_token through autograd): the same loss and parts, the same gradient
+def test_fused_distill_loss_is_distill_loss():
+    # triton_ops.distill_loss (the fused kernel) against distill.distill_loss, the definition that
+    # trains on the torch backend (cross_entropy + kl_per_token through autograd): the same loss
+    # and parts, the same gradient
     gen = torch.Generator().manual_seed(0)
     z, t = torch.randn(2, 5, 300, generator=gen), torch.randn(2, 5, 300, generator=gen)
     y = torch.randint(0, 300, (2, 5), generator=gen)
     y[0, 0] = -1
     out = {}
-    for on in (True, False):
+    for fused in (True, False):
         zz = z.to(DEV).requires_grad_()
-        loss, ce, kl = distill.distill_loss(zz, t.to(DEV), y.to(DEV), 0.5, 2.0, 1.5, backend="triton" if on else "torch")
+        if fused:
+            loss, ce, kl = triton_ops.distill_loss(zz.flatten(0, 1), t.to(DEV).flatten(0, 1), y.to(DEV).flatten(),
+                                                   0.5, 2.0, 1.5)
+        else:
+            loss, ce, kl = distill.distill_loss(zz, t.to(DEV), y.to(DEV), 0.5, 2.0, 1.5)
         (3 * loss).backward()
-        out[on] = [v.detach().cpu() for v in (loss, ce, kl, zz.grad)]
+        out[fused] = [v.detach().cpu() for v in (loss, ce, kl, zz.grad)]
     assert all(rel(a, b) < 1e-5 for a, b in zip(out[True], out[False]))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 7, 1000])  # one row, slices that do and do not tile B*T, one slice
 @pytest.mark.parametrize("teacher", [True, False])
-def test_head_loss_takes_the_kernel_on_the_triton_backend(teacher):
-    # distill.head_loss (the stage-3, sft and lm loss) in slices of rows through the fused kernel,
-    # against its torch backend: loss, parts, and the gradients of h and of the LM head
+def test_head_loss_in_slices_is_distill_loss_of_the_whole_logits(rows, teacher):
+    # triton_ops.head_loss (the stage-3, sft and lm loss on the triton backend: the LM heads
+    # applied a slice of rows at a time inside the fused kernel) against distill.distill_loss on
+    # h @ W.T made whole, through autograd: loss, parts, and the gradients of h and of W, with
+    # rows that do not count, in every slicing
     gen = torch.Generator().manual_seed(0)
     h, w = torch.randn(2, 5, 16, generator=gen), torch.randn(300, 16, generator=gen)
     th, tw = torch.randn(2, 5, 16, generator=gen), torch.randn(300, 16, generator=gen)
     y = torch.randint(0, 300, (2, 5), generator=gen)
     y[0, :2] = -1
     out = {}
-    for on in (True, False):
+    for fused in (True, False):
         hh, ww = h.to(DEV).requires_grad_(), w.to(DEV).requires_grad_()
         t = (th.to(DEV), tw.to(DEV)) if teacher else (None, None)
-        loss, ce, kl = distill.head_loss(hh, ww, y.to(DEV), *t, 0.5, 2.0, 1.5, backend="triton" if on else "torch",
-                                         rows=3)
+        weights = dict(ce_weight=0.5, kl_weight=2.0, temperature=1.5) if teacher else {}
+        if fused:
+            loss, ce, kl = triton_ops.head_loss(hh, ww, y.to(DEV), *t, rows=rows, **weights)
+        else:
+            t_logits = t[0] @ t[1].t() if teacher else None
+            loss, ce, kl = distill.distill_loss(hh @ ww.t(), t_logits, y.to(DEV), **weights)
+        assert not ce.requires_grad and not kl.requires_grad
         (3 * loss).backward()
-        out[on] = [v.detach().cpu() for v in (loss, ce, kl, hh.grad, ww.grad)]
+        out[fused] = [v.detach().cpu() for v in (loss, ce, kl, hh.grad, ww.grad)]
     assert all(rel(a, b) < 1e-5 for a, b in zip(out[True][:2] + out[True][3:], out[False][:2] + out[False][3:]))
     assert (out[True][2] - out[False][2]).abs().item() < 1e-5 * max(1.0, out[False][2].abs().item())
+    assert out[True][3][0, :2].abs().max() == 0  # rows without a target give h no gradient
 
 
 @gpu
