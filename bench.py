@@ -263,7 +263,7 @@ def main():
             do = torch.randn_like(args[2])
             ms = {}
             with torch.no_grad():
-                ms["fwd"] = do_bench(lambda: call(ours(name), args), return_mode="median")
+                ms["fwd"] = do_bench(lambda args=args: call(ours(name), args), return_mode="median")
             for key, fn in [("ours", ours(name)), ("torch", torch_form(name))]:
                 run, leaves = fwd_bwd(lambda x, fn=fn: call(fn, x), args, do, n_fixed(name))
                 try:

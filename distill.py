@@ -44,7 +44,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from data import need
-import mixers
 import model as M
 
 # ---------------------------------------------------------------------------------------------
@@ -59,24 +58,22 @@ import model as M
 #                  (each block's output), "distill" (CE + KL to the teacher's next-token
 #                  distribution) or "ce" (the next token alone, no teacher)
 #   learns         which parameters learn (LEARNS below)
-#   tokens         the study's budget at 135M/360M, the length of a GPU run (None: one epoch of the data)
+#   tokens         the study's budget at 135M/360M, the length of a GPU run (None: one epoch of
+#                  the data)
 #   start          where the student comes from: "teacher" (a new student built from it) or the
 #                  name of the stage whose checkpoint it continues
-STAGES = {
-    "1": dict(learning_rate=2e-4, schedule="wsd", data="text", loss="attention", learns="mixers", tokens=80_000_000,
-              start="teacher"),
-    "2": dict(learning_rate=2e-3, schedule="wsd", data="text", loss="hidden", learns="blocks", tokens=160_000_000,
-              start="1"),
-    "3": dict(learning_rate=3e-4, schedule="wsd", data="text", loss="distill", learns="all", tokens=2_760_000_000,
-              start="2"),
-    "sft": dict(learning_rate=3e-4, schedule="cosine", data="chat", loss="ce", learns="all", tokens=None, start="3"),
+COLUMNS = ("learning_rate", "schedule", "data", "loss", "learns", "tokens", "start")
+STAGES = {name: dict(zip(COLUMNS, row)) for name, row in {
+    #          lr    schedule  data    loss         learns    tokens         start
+    "1":      (2e-4, "wsd",    "text", "attention", "mixers", 80_000_000,    "teacher"),
+    "2":      (2e-3, "wsd",    "text", "hidden",    "blocks", 160_000_000,   "1"),
+    "3":      (3e-4, "wsd",    "text", "distill",   "all",    2_760_000_000, "2"),
+    "sft":    (3e-4, "cosine", "chat", "ce",        "all",    None,          "3"),
     # instruction-aware distillation: sft's data and schedule, stage 3's loss against the
     # (instruction-tuned) teacher, on the assistant's tokens alone
-    "sft_kd": dict(learning_rate=3e-4, schedule="cosine", data="chat", loss="distill", learns="all", tokens=None,
-                   start="3"),
-    "lm": dict(learning_rate=3e-4, schedule="wsd", data="text", loss="ce", learns="all", tokens=2_760_000_000,
-               start="teacher"),
-}
+    "sft_kd": (3e-4, "cosine", "chat", "distill",   "all",    None,          "3"),
+    "lm":     (3e-4, "wsd",    "text", "ce",        "all",    2_760_000_000, "teacher"),
+}.items()}
 
 LEARNS = {  # what learns -> a test on a parameter's name and the hybrid's kept softmax layers
     # the token mixers and the norms in front of them; the MLPs stay the teacher's, and so do a
@@ -106,16 +103,21 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")  # the r
 
 def defaults(stage, mixer, out_dir):
     """The settings of train.py that STAGES[stage] decides: learning_rate, schedule, data_dir (the
-    stage's corpus in this repository) and init_from ("teacher", or the previous stage's checkpoint)."""
+    stage's corpus in this repository) and init_from ("teacher", or the previous stage's
+    checkpoint)."""
     st = STAGES[stage]
     chat = "smoltalk" if os.path.exists(os.path.join(DATA, "smoltalk", "train.bin")) else "sharegpt"
     data_dir = os.path.relpath(os.path.join(DATA, chat if st["data"] == "chat" else "modern"))
-    init_from = "teacher" if st["start"] == "teacher" else os.path.join(out_dir, mixer, f"stage{st['start']}.pt")
-    return dict(learning_rate=st["learning_rate"], schedule=st["schedule"], data_dir=data_dir, init_from=init_from)
+    init_from = "teacher"
+    if st["start"] != "teacher":
+        init_from = os.path.join(out_dir, mixer, f"stage{st['start']}.pt")
+    return dict(learning_rate=st["learning_rate"], schedule=st["schedule"], data_dir=data_dir,
+                init_from=init_from)
 
 
 def steps(stage, data_dir, tokens_per_step):
-    """A GPU run's optimizer steps: the stage's token budget, or one epoch of data_dir's train.bin."""
+    """A GPU run's optimizer steps: the stage's token budget, or one epoch of data_dir's
+    train.bin."""
     train_bin = os.path.join(data_dir, "train.bin")
     need(train_bin)
     return max(1, (STAGES[stage]["tokens"] or os.path.getsize(train_bin) // 2) // tokens_per_step)
@@ -191,7 +193,8 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
-def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
+def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weight=1.0,
+                 temperature=1.0):
     """Stage 3's loss on logits [B, T, V], targets [B, T] (-1: no loss): (loss, ce, kl), where
     loss = ce_weight * cross_entropy + kl_weight * kl_per_token (ce and kl come detached, to log).
     teacher_logits None: cross-entropy alone (kl 0). This is the loss that trains on the torch
@@ -225,7 +228,7 @@ class StageLoss(nn.Module):
             rope = net.rope(idx.shape[1], device=idx.device)
             loss = 0.0
             for i, block in enumerate(net.model.layers):
-                if self.loss == "attention":  # mixer on the teacher's stream -> the teacher's attention output
+                if self.loss == "attention":  # the teacher's stream -> its attention output
                     y = block.self_attn(block.input_layernorm(hidden[i]), rope)  # (B, T, C)
                     loss = loss + F.mse_loss(y.float(), teacher_out["attn"][i].float())
                 else:  # whole block on teacher hidden l -> teacher hidden l+1
@@ -242,7 +245,8 @@ class StageLoss(nn.Module):
         t_h, t_w, weights = None, None, {}  # sft and lm: cross-entropy alone
         if self.loss == "distill":
             t_h, t_w = teacher_out["final"], teacher_out["head"]
-            weights = dict(ce_weight=self.ce_weight, kl_weight=self.kl_weight, temperature=self.temperature)
+            weights = dict(ce_weight=self.ce_weight, kl_weight=self.kl_weight,
+                           temperature=self.temperature)
         if self.backend == "triton" or (self.backend is None and h.is_cuda):
             # the GPU's memory optimization: the same loss, the LM heads applied inside a fused
             # kernel a slice of rows at a time, so that no [B*T, V] logits (3 GB at 64 x 512 in
@@ -269,7 +273,8 @@ def compare(h, weight, t_h, t_weight, targets, rows=4096):
         if n == 0:
             continue
         # these rows' logits [1, n, V] with a target, through the loss's own definitions (means)
-        z, t = F.linear(h[i:i + rows][keep], weight)[None], F.linear(t_h[i:i + rows][keep], t_weight)[None]
+        z = F.linear(h[i:i + rows][keep], weight)[None]
+        t = F.linear(t_h[i:i + rows][keep], t_weight)[None]
         yk = y[i:i + rows][keep][None]
         sums += n * torch.stack([cross_entropy(z, yk), cross_entropy(t, yk), kl_per_token(t, z),
                                  (z.argmax(-1) == t.argmax(-1)).float().mean()])
@@ -317,7 +322,8 @@ def flops_per_token(stage, student, teacher, T):
     teacher_fwd = 2 * n(teacher.model.layers) + attention(teacher)  # no LM head in stages 1, 2
     loss = STAGES[stage]["loss"]
     if loss == "attention":
-        return 6 * n(b.self_attn for b in blocks) + 3 * attention(student) + teacher_fwd  # mixers only
+        # the mixers alone learn
+        return 6 * n(b.self_attn for b in blocks) + 3 * attention(student) + teacher_fwd
     if loss == "hidden":
         return 6 * n(blocks) + 3 * attention(student) + teacher_fwd
     student_step = 6 * n(blocks) + 3 * attention(student) + 3 * head

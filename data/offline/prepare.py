@@ -94,8 +94,10 @@ def moby_dick_docs(path):
     """Etymology, extracts, the 135 chapters and the epilogue, in book order."""
     files = common.read_archive(path, lambda n: re.search(
         r"/data/(etymology|extracts|chapter_\d+|epilogue)\.txt$", n) is not None)
-    order = lambda n: (0 if "etymology" in n else 1 if "extracts" in n else 3 if "epilogue" in n else 2,
-                       natural_key(n))
+
+    def order(n):  # etymology, extracts, the chapters in order, the epilogue
+        return (0 if "etymology" in n else 1 if "extracts" in n else 3 if "epilogue" in n else 2, natural_key(n))
+
     return [text(files[n]) for n in sorted(files, key=order)]
 
 
