@@ -77,15 +77,12 @@ def _fp32(fn):
     return run
 
 
-def _prepare(q, k, v, initial_state, scale, extra_v=0):
+def _prepare(q, k, v, initial_state, scale):
     """fp32 copies (float64 stays float64, for exact tests), the default scale, the start state."""
     dt = torch.promote_types(q.dtype, torch.float32)
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     B, _, H, Dk = q.shape
-    if initial_state is None:
-        S = q.new_zeros(B, H, Dk, v.shape[-1] + extra_v)
-    else:
-        S = initial_state.to(dt)
+    S = q.new_zeros(B, H, Dk, v.shape[-1]) if initial_state is None else initial_state.to(dt)
     return q, k, v, S, Dk**-0.5 if scale is None else scale
 
 
@@ -199,19 +196,24 @@ def gla_recurrent(q, k, v, g, initial_state=None, scale=None):
 
 @_fp32
 def mlstm_recurrent(q, k, v, i_pre, f_pre, initial_state=None, scale=None):
-    """mLSTM (xLSTM), with its running-max stabilizer:
+    """mLSTM as xLSTM writes it (Beck et al. 2024, section 2.3; C is stored transposed, [Dk, Dv],
+    like every state here):
         C_t = f_t C_{t-1} + i_t k_t v_t^T,  n_t = f_t n_{t-1} + i_t k_t,
-        h_t = C_t^T q_t / max(|n_t^T q_t|, 1),  f_t = sigmoid(f~_t),  i_t = exp(i~_t).
-    (C is stored transposed, [Dk, Dv], like every state here.) With m_t = max(log f_t + m_{t-1},
-    i~_t) the loop keeps C~ = C exp(-m_t), n~ = n exp(-m_t), whose factors are all <= 1, and
-    h_t = C~^T q / max(|n~^T q|, exp(-m_t)) is the same function without overflow.
-    i_pre, f_pre [B, T, H] are i~, f~. The state has mlstm_family's layout, [C, n] exp(-MLSTM_CAP)
-    as [B, H, Dk, Dv + 1], so the two forms hand states to each other."""
+        h_t = C_t^T q_t / max(|n_t^T q_t|, 1),  f_t = sigmoid(f~_t),  i_t = exp(i~_t),
+    with its stabilizer (the paper's appendix, and xLSTM's recurrent step): a running max
+        m_t = max(log f_t + m_{t-1}, i~_t),  m_0 = 0,
+    C and n kept times exp(-m_t), so that every factor below is <= 1, and the floor 1 of the
+    denominator becomes exp(-m_t): the same h_t without overflow. i_pre, f_pre [B, T, H] are
+    i~, f~. The state is xLSTM's (C [B, H, Dk, Dv], n [B, H, Dk], m [B, H]), C and n stabilized
+    at m, zeros at the start; mlstm_convert_state turns it into mlstm_family's and back."""
     out_dtype = v.dtype
-    q, k, v, S, scale = _prepare(q, k, v, initial_state, scale, extra_v=1)
+    q, k, v, _, scale = _prepare(q, k, v, None, scale)
+    B, _, H, Dk = q.shape
+    if initial_state is None:
+        C, n, m = q.new_zeros(B, H, Dk, v.shape[-1]), q.new_zeros(B, H, Dk), q.new_zeros(B, H)
+    else:
+        C, n, m = (s.to(q.dtype) for s in initial_state)
     i_pre, f_pre = i_pre.to(q.dtype), f_pre.to(q.dtype)
-    C, n = S[..., :-1], S[..., -1]  # [B, H, Dk, Dv], [B, H, Dk]: stabilized at m = MLSTM_CAP
-    m = torch.full_like(i_pre[:, 0], MLSTM_CAP)  # [B, H]; any start works, this one matches S
     out = []
     for t in range(q.shape[1]):
         log_f = F.logsigmoid(f_pre[:, t])  # [B, H]
@@ -224,8 +226,7 @@ def mlstm_recurrent(q, k, v, i_pre, f_pre, initial_state=None, scale=None):
         den = (n * qt).sum(-1).abs().maximum(torch.exp(-m_new))  # [B, H]
         out.append(_read(C, qt) / den[..., None])
         m = m_new
-    back = torch.exp(m - MLSTM_CAP)[..., None, None]  # rescale to the family's fixed stabilizer
-    return torch.stack(out, 1).to(out_dtype), torch.cat([C, n[..., None]], -1) * back
+    return torch.stack(out, 1).to(out_dtype), (C, n, m)
 
 
 @_fp32
@@ -772,6 +773,17 @@ def mlstm_family(q, k, v, i_pre, f_pre, initial_state=None, scale=None, step=Fal
     return h.to(out_dtype), S
 
 
+def mlstm_convert_state(state):
+    """An mLSTM state from one layout to the other, the same memory either way:
+    mlstm_recurrent's (C, n, m), xLSTM's C and n stabilized at their running max m, to
+    mlstm_family's S = [C, n] e^-MLSTM_CAP [B, H, Dk, Dv + 1], stabilized at the fixed cap,
+    and back (where m = MLSTM_CAP)."""
+    if isinstance(state, tuple):  # C exp(-m) = C exp(-MLSTM_CAP) exp(MLSTM_CAP - m)
+        C, n, m = state
+        return torch.cat([C, n[..., None]], -1) * torch.exp(m - MLSTM_CAP)[..., None, None]
+    return state[..., :-1], state[..., -1], torch.full_like(state[..., 0, 0], MLSTM_CAP)
+
+
 class MLSTM(MixerLayer):
     """xLSTM's mLSTM: exponential input gate, sigmoid forget gate, normalizer; per-head LayerNorm
     times sigmoid output gate."""
@@ -799,9 +811,12 @@ class MLSTM(MixerLayer):
                 "f_pre": softcap(p["forget"] + self.f_bias)}
 
     def recurrence(self, q, k, v, gates, state, backend, step):
-        if backend == "naive":
-            return self.textbook(q, k, v, **gates, initial_state=state)
-        return mlstm_family(q, k, v, **gates, initial_state=state, step=step, backend=backend)
+        if backend != "naive":
+            return mlstm_family(q, k, v, **gates, initial_state=state, step=step, backend=backend)
+        # the textbook keeps xLSTM's own state; a cache holds the family's on every backend
+        state = None if state is None else mlstm_convert_state(state)
+        h, state = self.textbook(q, k, v, **gates, initial_state=state)
+        return h, mlstm_convert_state(state)
 
 
 class DeltaNet(MixerLayer):

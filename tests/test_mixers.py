@@ -107,9 +107,10 @@ def mlstm_inputs(B=2, T=37, H=2, Dk=16, Dv=8, seed=0, spread=20.0):
 def test_mlstm_stabilized_recurrence_equals_family():
     """Running-max mLSTM == the fixed-stabilizer family form: outputs, state, gate gradients."""
     x = mlstm_inputs()
-    args = [x[n] for n in ("q", "k", "v", "i_pre", "f_pre", "h0")]
-    want = outputs_and_grads(*mixers.mlstm_recurrent(*args), x)
-    got = outputs_and_grads(*mixers.mlstm_family(*args), x)
+    args = [x[n] for n in ("q", "k", "v", "i_pre", "f_pre")]
+    h, state = mixers.mlstm_recurrent(*args, mixers.mlstm_convert_state(x["h0"]))  # (C, n, m)
+    want = outputs_and_grads(h, mixers.mlstm_convert_state(state), x)  # in the family's layout
+    got = outputs_and_grads(*mixers.mlstm_family(*args, x["h0"]), x)
     assert_close(got, want, 1e-9)
 
 
