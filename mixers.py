@@ -11,7 +11,7 @@ They differ only in how S is written:
   delta rule        S_t = exp(g_t) * S_{t-1};  S_t = S_t + beta_t k_t (v_t - S_t^T k_t)^T
       deltanet (no decay), gated_deltanet (decay per head), kda (decay per key channel)
 
-Each recurrence comes in three forms: the recurrent form, token by token (the textbook loops);
+Each recurrence comes in three forms: the recurrent form, token by token (sections 2 and 3);
 the chunked form, parallel inside chunks of tokens and recurrent across them (training, prompts);
 and the step, one token (decoding). A layer runs on one of three backends, its `backend`
 (model.SmolLM2.set_backend, or --backend= on every script):
