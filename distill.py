@@ -44,6 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from data import need
+import mixers
 import model as M
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ class StageLoss(nn.Module):
             t_h, t_w = teacher_out["final"], teacher_out["head"]
             weights = dict(ce_weight=self.ce_weight, kl_weight=self.kl_weight,
                            temperature=self.temperature)
-        if self.backend == "triton" or (self.backend is None and h.is_cuda):
+        if mixers.resolve_backend(self.backend, h) == "triton":
             # the GPU's memory optimization: the same loss, the LM heads applied inside a fused
             # kernel a slice of rows at a time, so that no [B*T, V] logits (3 GB at 64 x 512 in
             # bf16) or their gradient ever exist

@@ -1,10 +1,11 @@
 """
-Chunked Triton kernels for the linear recurrences of mixers.py, forward and backward.
+Chunked Triton kernels for the linear recurrences of mixers.py, forward and backward: the
+"triton" backend of its layers (its other two: "naive", the textbook loops, and "torch").
 
 Each public function has the signature and the semantics of its chunked PyTorch twin in
-mixers.py, works on q, k [B, T, H, Dk], v [B, T, H, Dv] and states [B, H, Dk, Dv] (fp32),
-returns (output, final_state), accepts any T (not only chunk multiples) and has hand-written
-backward kernels.
+mixers.py (marked @triton_twin there, which calls this one for backend="triton"), works on
+q, k [B, T, H, Dk], v [B, T, H, Dv] and states [B, H, Dk, Dv] (fp32), returns (output,
+final_state), accepts any T (not only chunk multiples) and has hand-written backward kernels.
 
     chunk_decay_additive   S_t = exp(g_t) * S_{t-1} + k_t v_t^T ;  o_t = S_t^T (scale q_t)
                            (linear attention, RetNet, mLSTM, GLA)
@@ -63,7 +64,7 @@ Sections:
     3. Delta-rule family: kernels, custom operators, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
     5. Training glue, fused: in_projection (the layers' stacked projection, its rows padded for
-       aligned loads), short_conv (mixers.ShortConv; also cutting q, k, v into heads and
+       aligned loads), short_conv (mixers.short_conv from a zero past; also cutting q, k, v and
        L2-normalizing q and k), distill_loss, distill_loss_grad and head_loss (distill.py's
        stage-3 loss; head_loss applies the LM heads a slice of rows at a time), rms_norm_gate
        (the mixers' output norm and gate), l2_normalize (the delta rules' q and k without a
@@ -2035,7 +2036,7 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 # and l2_normalize, and the log decays have their own notes further down):
 #
 #   short_conv    y = silu(causal depthwise conv over time), the short conv in front of every
-#                 mixer (mixers.ShortConv). cuDNN's depthwise conv and its backward, plus the
+#                 mixer (mixers.short_conv). cuDNN's depthwise conv and its backward, plus the
 #                 padding, transposes and SiLU around it, cost about as much as the delta rule's
 #                 own kernels at (B, T) = (8, 2048). Here: one kernel reads x once and writes y;
 #                 backward, one kernel recomputes the pre-activation and writes its gradient da,
@@ -2265,16 +2266,18 @@ def _short_conv_backward(ctx, dy):
 _short_conv_fwd.register_autograd(_short_conv_backward, setup_context=_short_conv_setup)
 
 
-def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None):
-    """silu(causal depthwise conv1d over time) from a zero past, as mixers.ShortConv without a tail.
+def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None, tail=None):
+    """silu(causal depthwise conv1d over time) from a zero past: mixers.short_conv without a tail.
 
     x [B, T, D] (any strides with contiguous channels: a slice of a wider projection); weight [D, S] (tap
     S-1 multiplies the current token). Returns y [B, T, D] in x's dtype; the sums run in fp32
     with the fp32 weights. With parts > 1, y comes cut along the channels into that many
     contiguous [B, T, D / parts] tensors (q, k, v from one projection, with no copy), and with
     l2_parts the first l2_parts of them are L2-normalized per head of head_dim channels (the
-    delta rules' unit q and k).
+    delta rules' unit q and k). tail: None only, in the twin's signature: the kernel starts from
+    a zero past, and a decoding step continues from its tail in mixers.short_conv.
     """
+    assert tail is None, "the fused short conv starts from a zero past; decode with mixers.short_conv"
     assert x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2], \
         f"x {tuple(x.shape)} must be [B,T,D] and weight {tuple(weight.shape)} [D,S]"
     assert x.shape[2] % parts == 0 and l2_parts <= parts, f"{x.shape[2]} channels do not cut into {parts} parts"

@@ -113,14 +113,16 @@ def test_layer_heads_keep_the_tail_for_decoding(mixer):
         out = {}
         for on in (True, False):
             cache = {}
-            out[on] = [t.contiguous() for t in layer.heads(triton_ops if on else mixers.TORCH, qkv, cache)] + [cache["conv"]]
+            out[on] = [t.contiguous() for t in layer.heads(qkv, cache, "triton" if on else "torch")] + [cache["conv"]]
         assert all(a.shape == b.shape for a, b in zip(out[True], out[False]))
         torch.testing.assert_close(out[True], out[False])
 
 
-def test_the_forms_are_twins():
-    # what a layer calls through forms(): in triton_ops.py under the same name and signature
-    for name, fn in vars(mixers.TORCH).items():
+def test_the_backends_are_twins():
+    # what a layer calls with backend="triton" (@triton_twin): in triton_ops.py under the same
+    # name and signature
+    assert len(mixers.TWINS) >= 10
+    for name, fn in mixers.TWINS.items():
         assert fn.__name__ == name
         assert inspect.signature(getattr(triton_ops, name)) == inspect.signature(fn), name
 
@@ -148,7 +150,7 @@ def test_in_projection_pads_rows_and_changes_nothing(mixer):
     torch.testing.assert_close(torch.autograd.grad(h, w, dh)[0], torch.autograd.grad(h_ref, w, dh)[0])
     seen = []
 
-    def heads(f, qkv, cache):  # the first kernel's input: recorded, then the forward stops
+    def heads(qkv, cache, backend):  # the first kernel's input: recorded, then the forward stops
         seen.append(qkv.stride(1))
         raise Stop
 

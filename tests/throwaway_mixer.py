@@ -41,10 +41,14 @@ class Mamba2(mixers.MixerLayer):
     def projections(self, H, D):
         return super().projections(H, D) | {"dt": H}
 
-    def gates(self, f, p, q, k, rope):
-        g = f.softplus_decay(p["dt"], self.A_log, self.dt_bias)  # -A dt [B, T, H]
-        dt = F.softplus(p["dt"] + self.dt_bias)
-        return q, k * dt[..., None].to(k.dtype), {"g": g}
+    def gates(self, p, backend):  # [B, T, H] each
+        g = mixers.softplus_decay(p["dt"], self.A_log, self.dt_bias, backend=backend)  # -A dt
+        return {"g": g, "dt": F.softplus(p["dt"] + self.dt_bias)}
+
+    def recurrence(self, q, k, v, gates, state, backend, step):
+        # the step goes into the key, as mLSTM's input gate does: S_t = a_t S_{t-1} + dt_t k_t v_t^T
+        k = k * gates["dt"][..., None].to(k.dtype)
+        return super().recurrence(q, k, v, {"g": gates["g"]}, state, backend, step)
 
 
 LAYERS = (Mamba2,)
