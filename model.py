@@ -6,7 +6,8 @@ convention, grouped-query attention through scaled_dot_product_attention (writte
 masked softmax in the else-branch), a SwiGLU MLP and embeddings tied to the LM head. A student
 is the same model with another token mixer in place of softmax attention (config.mixer, built
 by mixers.py). Module names follow the Hugging Face checkpoint, so that checkpoint.py loads
-weights as a strict copy.
+weights as a strict copy. The architecture alone: forward() takes per-layer caches, and
+decode.py turns them into tokens (sampling, the plain loop, static caches).
 
 References:
 1) SmolLM2 model cards and config.json files (HuggingFaceTB)
@@ -101,18 +102,6 @@ def rope_cos_sin(positions, head_dim, theta, device=None):
     angles = positions.to(device=device, dtype=torch.float32)[:, None] * inv_freq  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D)
     return Rope(angles.cos(), angles.sin())
-
-
-def pick(logits, temperature=1.0, top_k=None):
-    """Next token ids [B] from logits [B, V]: the argmax at temperature 0, else a sample of the
-    softened distribution, restricted to the top_k most likely tokens when given."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
 
 
 class Rope(NamedTuple):
@@ -289,23 +278,6 @@ class SmolLM2(nn.Module):
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Yields the next token ids [B], one step at a time, from prompt ids idx [B, T].
-
-        The prompt goes through once; each new token then reuses the per-layer caches (keys and
-        values for attention, the recurrent state for students). temperature 0 is greedy.
-        """
-        caches = [dict() for _ in self.model.layers]
-        logits = self(idx, caches=caches, last_only=True)[:, -1, :]
-        pos = idx.shape[1]
-        for i in range(max_new_tokens):
-            nxt = pick(logits, temperature, top_k)
-            yield nxt
-            if i + 1 < max_new_tokens:  # no step past the last token
-                logits = self(nxt[:, None], caches=caches, start=pos)[:, -1, :]
-                pos += 1
 
     def set_backend(self, backend):
         """The form every token mixer runs in: "naive", "torch" or "triton" (mixers.BACKENDS), or

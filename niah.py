@@ -202,21 +202,24 @@ def string_match(prediction, value):
 
 
 @torch.no_grad()
-def greedy(net, idx, max_new_tokens, fast=None):
+def greedy(net, idx, max_new_tokens, **decoding):
     """Greedy continuation ids [B, max_new_tokens] of prompts idx [B, T]: the prompt goes through
     once (teacher: KV cache; student: chunked form into its state), then one token per step
-    (decode.generate: on a GPU from static caches and a CUDA graph, unless fast is False)."""
-    return torch.stack(list(decode.generate(net, idx, max_new_tokens, temperature=0, fast=fast)), 1)
+    (decode.generate, which takes decoding: static, graph, compile; decode.options gives them for
+    a --decoder)."""
+    tokens = decode.generate(net, idx, max_new_tokens, temperature=0, **decoding)
+    return torch.stack(list(tokens), 1)
 
 
-def model_answerer(net, tok, device, fast=None):
-    """prompts (list of equal-length id lists), max_new -> answer strings, cut at end of turn."""
+def model_answerer(net, tok, device, **decoding):
+    """prompts (list of equal-length id lists), max_new -> answer strings, cut at end of turn;
+    decoding: greedy()'s."""
     stops = {tok.im_end_id, tok.eot_id}
 
     def answer(prompts, max_new):
         idx = torch.tensor(prompts, dtype=torch.long, device=device)  # (B, T)
         texts = []
-        for row in greedy(net, idx, max_new, fast).tolist():
+        for row in greedy(net, idx, max_new, **decoding).tolist():
             cut = next((i for i, t in enumerate(row) if t in stops), len(row))
             texts.append(tok.decode(row[:cut]))
         return texts
@@ -329,7 +332,9 @@ def main(argv=None):
     print(f"{net.config.mixer} model ({name}), tasks {args.tasks}, lengths {args.lengths}, depths {args.depths}, "
           f"{args.samples} prompt(s) per cell, {args.device} {args.dtype}", file=sys.stderr)
     t0 = time.time()
-    records = run(model_answerer(net, tok, args.device, decode.FAST[args.decoder]), tok, haystacks, args.tasks, args.lengths, args.depths,
+    # --decoder, decided once for the device: static caches, CUDA graph, compiled blocks
+    answer = model_answerer(net, tok, args.device, **decode.options(args.decoder, args.device))
+    records = run(answer, tok, haystacks, args.tasks, args.lengths, args.depths,
                   args.samples, args.batch_size, not args.plain, args.seed)
     seconds = time.time() - t0
     acc = summarize(records)

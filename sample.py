@@ -9,7 +9,7 @@ Generate text from the teacher or from a student, streaming tokens as they come.
 
 Teachers decode with a key/value cache; students carry their recurrent state (and short-conv
 tail), so their memory does not grow with the length of the text. On a GPU the decoding step
-runs on static caches from a CUDA graph (decode.py; --decoder=plain: model.generate's loop).
+runs on static caches from a CUDA graph (decode.py; --decoder=plain: decode.plain's loop).
 """
 
 import argparse
@@ -61,9 +61,9 @@ def main(argv=None):
     out = [[] for _ in range(args.num_samples)]
     done = torch.zeros(args.num_samples, dtype=torch.bool, device=args.device)
     stop_ids = torch.tensor(sorted(stops), device=args.device)
+    opts = decode.options(args.decoder, args.device)  # static caches, CUDA graph, compiled blocks
     t0, n = time.time(), 0
-    for nxt in decode.generate(net, x, args.max_new_tokens, args.temperature, args.top_k or None,
-                               fast=decode.FAST[args.decoder]):
+    for nxt in decode.generate(net, x, args.max_new_tokens, args.temperature, args.top_k or None, **opts):
         n += 1
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
@@ -81,8 +81,7 @@ def main(argv=None):
         for i, ids_i in enumerate(out):
             text = tok.decode([t for t in ids_i if t not in stops])
             print(f"--- sample {i + 1}\n{args.prompt if args.chat is None else ''}{text}")
-    fast = decode.FAST[args.decoder]
-    how = "static caches" + (", CUDA graph" if x.is_cuda else "") if (x.is_cuda if fast is None else fast) else "plain"
+    how = "static caches" + (", CUDA graph" if opts["graph"] else "") if opts["static"] else "plain"
     print(f"{n} steps x {args.num_samples} samples in {dt:.2f}s (prefill included): "
           f"{n * args.num_samples / max(dt, 1e-9):.1f} tokens/s ({args.device}, {args.dtype}, {how} decoding)",
           file=sys.stderr)
