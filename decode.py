@@ -217,13 +217,6 @@ def plain(net, idx, max_new_tokens, temperature=1.0, top_k=None):
 DECODERS = ("auto", "fast", "plain")  # --decoder's choices (sample.py, niah.py)
 
 
-def add_args(p):
-    """--decoder, for the scripts that generate (sample.py, niah.py); options() resolves it."""
-    p.add_argument("--decoder", default="auto", choices=DECODERS,
-                   help="fast: static caches, on CUDA each block compiled and the step replayed from a "
-                        "CUDA graph; plain: decode.plain's growing caches; auto: fast on CUDA, plain otherwise")
-
-
 def options(decoder, device):
     """--decoder -> generate's static, graph and compile, decided once for the device. fast:
     static caches, and on CUDA each block compiled and the step replayed from a CUDA graph (a CPU

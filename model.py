@@ -194,20 +194,6 @@ def check_mixer(name, allowed=MIXERS):
     return name
 
 
-def check_softmax_layers(text, n_layer=None):
-    """'7,15,23' -> (7, 15, 23): a hybrid's softmax layers, distinct and below n_layer when it is
-    given, or a one-line ValueError."""
-    parts = [p.strip() for p in text.split(",")] if text else []
-    if not all(p.isdigit() for p in parts):
-        raise ValueError("expected layer numbers such as 7,15,23")
-    layers = tuple(int(p) for p in parts)
-    if len(set(layers)) < len(layers):
-        raise ValueError("a layer is named twice")
-    if n_layer is not None and any(i >= n_layer for i in layers):
-        raise ValueError(f"the teacher has {n_layer} layers, numbered 0 to {n_layer - 1}")
-    return layers
-
-
 def build_token_mixer(config, layer_idx):
     """Softmax attention for the teacher and for a hybrid student's kept layers, else a mixer."""
     if config.mixer == "attention" or layer_idx in config.softmax_layers:
