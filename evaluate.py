@@ -7,6 +7,11 @@ held-out text, the study's zero-shot tasks with 95% confidence intervals, and te
     python evaluate.py --mixer=gla --mc_limit=50                   # an untrained student (smoke test)
     python evaluate.py --mc_source=hub --mc_limit=0                # the same tasks from the hub, all
     python evaluate.py --init_from=S.pt --teacher_eval=earlier.json   # the teacher's scores from an earlier --out
+    python evaluate.py --init_from=S.pt --vs_teacher=false         # a student alone, no teacher loaded
+
+The model is --teacher (--init_from=teacher, the default), a new student of it (--mixer), or a
+checkpoint (--init_from=<checkpoint>), as in sample.py and niah.py; a student is measured
+against --teacher (KL, the teacher's scores, recovery) unless --vs_teacher=false.
 
 Held-out text: perplexity = exp of the mean next-token cross-entropy over windows of --seq_len
 tokens of --data (default data/modern/val.bin). KL: mean over predicted positions of
@@ -44,17 +49,18 @@ EleutherAI lm-evaluation-harness (prompts, acc, acc_norm, LAMBADA); AI2's OLMo i
 Bootstrap (1993).
 """
 
-import argparse
 import json
 import math
 import os
 import sys
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import checkpoint
+import cli
 from data import read_tokens
 from data.mc_offline import prepare as mc
 
@@ -68,33 +74,51 @@ Z95 = 1.959964  # the standard normal's 97.5% quantile
 BOOT, SEED = 1000, 0  # bootstrap resamples and their seed
 
 
-def get_args(argv=None):
-    cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    checkpoint.add_args(p)  # the model to evaluate: --init_from, --tokenizer, --mixer, --device, --dtype, --backend
-    p.add_argument("--teacher", default="default", help="reference for KL and recovery when the model is a student; 'none' skips")
-    p.add_argument("--data", default=os.path.join(ROOT, "data", "modern", "val.bin"), help="uint16 token file")
-    p.add_argument("--seq_len", type=int, default=512, help="window length for perplexity (the study trains at 512)")
-    p.add_argument("--max_windows", type=int, default=256 if cuda else 16, help="windows of --data, evenly spaced")
-    p.add_argument("--tasks", default=TASKS, help="comma-separated; empty for none")
-    p.add_argument("--mc_source", default="offline", choices=["offline", "hub"], help="data/mc_offline/ or `datasets`")
-    p.add_argument("--mc_dir", default=os.path.join(ROOT, "data", "mc_offline"), help="offline task files")
-    p.add_argument("--mc_limit", type=int, default=0 if cuda else 50, help="questions per task, evenly spaced (0 = all)")
-    p.add_argument("--batch_size", type=int, default=32 if cuda else 4)
-    p.add_argument("--out", default=None, help="write the results here as JSON")
-    p.add_argument("--teacher_eval", default=None, help="an earlier --out with these settings: the teacher's "
-                   "task scores are read from it, not measured again")
-    args = p.parse_args(argv)
-    args.task_list = [t for t in args.tasks.split(",") if t]
-    if args.mc_limit < 0:
-        p.error(f"--mc_limit={args.mc_limit}: give a number of questions, or 0 for all")
-    for key in ("seq_len", "max_windows", "batch_size"):
-        if getattr(args, key) < 1:
-            p.error(f"--{key}={getattr(args, key)}: expected an integer >= 1")
-    unknown = [t for t in args.task_list if t not in NAMES]
-    if args.mc_source == "hub" and unknown:
-        p.error(f"--tasks: {', '.join(unknown)} not on the hub path; known: {TASKS}")
-    return args
+@dataclass
+class Settings(checkpoint.ModelSettings):  # the model's settings first: --init_from, --mixer, ...
+    # --- the reference: a student's KL and recovery are measured against --teacher ---
+    vs_teacher: bool = True  # a student against --teacher (KL, the teacher's scores, recovery);
+    #   false: the model alone
+    teacher_eval: str = ""  # an earlier --out with these settings: the teacher's task scores are
+    #   read from it, not measured again
+    # --- held-out text ---
+    data: str = os.path.join(ROOT, "data", "modern", "val.bin")  # uint16 token file
+    seq_len: int = 512  # window length for perplexity (the study trains at 512)
+    max_windows: int = 16  # windows of --data, evenly spaced (on a GPU: 256)
+    # --- tasks ---
+    tasks: str = TASKS  # comma-separated; empty for none
+    mc_source: str = "offline"  # offline (data/mc_offline/) or hub (through `datasets`)
+    mc_dir: str = os.path.join(ROOT, "data", "mc_offline")  # offline task files
+    mc_limit: int = 50  # questions per task, evenly spaced; 0 = all (on a GPU: 0)
+    batch_size: int = 4  # sequences per forward (on a GPU: 32)
+    out: str = ""  # write the results here as JSON
+
+
+GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "max_windows": 256, "mc_limit": 0, "batch_size": 32}
+RULES = [("mc_limit", lambda v: v >= 0, "a number of questions, or 0 for all"),
+         ("mc_source", lambda v: v in ("offline", "hub"), "offline or hub")] + [
+    (k, lambda v: v >= 1, "an integer >= 1") for k in ("seq_len", "max_windows", "batch_size")]
+
+
+def fail(msg):
+    """A setting that cannot work: one line on stderr and status 2, before any model loads."""
+    print(f"evaluate.py: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def settings(argv=None):
+    """The run's Settings from the command line (--help lists them), checked, and its tasks."""
+    s, _ = cli.settings(sys.argv[1:] if argv is None else argv, Settings, fail, GPU_DEFAULTS)
+    if s.teacher == "none":
+        fail("--teacher=none: --teacher is the softmax teacher (anything checkpoint.load takes); "
+             "--vs_teacher=false evaluates the model alone")
+    checkpoint.check_settings(s, fail)
+    cli.check(s, RULES, fail)
+    tasks = [t for t in s.tasks.split(",") if t]
+    unknown = [t for t in tasks if t not in NAMES]
+    if s.mc_source == "hub" and unknown:
+        fail(f"--tasks: {', '.join(unknown)} not on the hub path; known: {TASKS}")
+    return s, tasks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,26 +352,26 @@ def markdown(summary):
 # ---------------------------------------------------------------------------------------------
 
 
-def load_tasks(args):
+def load_tasks(s, task_list):
     """{task: its questions}, --mc_limit of them evenly spaced, read once for every model."""
     tasks = {}
-    for task in args.task_list:
-        qs = subset(load_offline(task, args.mc_dir) if args.mc_source == "offline" else load_hub(task), args.mc_limit)
+    for task in task_list:
+        qs = subset(load_offline(task, s.mc_dir) if s.mc_source == "offline" else load_hub(task), s.mc_limit)
         if not qs:
             sys.exit(f"error: task {task} has no questions")
         tasks[task] = qs
     return tasks
 
 
-def evaluate(net, tok, args, data, tasks, lm):
+def evaluate(net, tok, s, data, tasks, lm):
     """{'lm', task: ...} of net; lm: its held-out numbers (lm_metrics)."""
     res = {"lm": lm}
     for task, qs in tasks.items():
         if "continuation" in qs[0]:  # a cloze task: LAMBADA
-            res[task] = cloze(net, tok, qs, args.batch_size)
+            res[task] = cloze(net, tok, qs, s.batch_size)
             msg = f"acc {res[task]['acc']['score']:.3f}, ppl {res[task]['ppl']:.2f}"
         else:
-            res[task] = mc_accuracy(net, tok, qs, args.batch_size)
+            res[task] = mc_accuracy(net, tok, qs, s.batch_size)
             msg = f"acc {res[task]['acc']['score']:.3f}, acc_norm {res[task]['acc_norm']['score']:.3f}"
         print(f"  {task}: {msg} ({res[task]['n']} questions)", file=sys.stderr)
     return res
@@ -357,86 +381,101 @@ def evaluate(net, tok, args, data, tasks, lm):
 SAME = ("data", "seq_len", "max_windows", "mc_source", "mc_dir", "mc_limit", "batch_size", "device", "dtype")
 
 
-def read_teacher_eval(args):
-    """The teacher's results {'lm', task: ...} in args.teacher_eval, an earlier --out (of a
-    student, under "teacher", or of the teacher itself, under "model"); ValueError unless they
-    were measured with this run's teacher, settings and tasks."""
-    path = args.teacher_eval
+def teacher_of(d):
+    """Who the teacher is in an --out file d: its reference (--teacher) when it measured one, else
+    its model when that was a teacher (--init_from=teacher, or a file loaded as is; older files
+    named the offline teacher --init_from=default), else None."""
+    s = d["settings"]
+    if "teacher" in d:
+        return s["teacher"]
+    if s.get("mixer") not in (None, "", "attention"):  # a new student, measured alone
+        return None
+    return s["teacher"] if s["init_from"] == "teacher" else s["init_from"]
+
+
+def read_teacher_eval(s, task_list):
+    """The teacher's results {'lm', task: ...} in s.teacher_eval, an earlier --out (of a student,
+    under "teacher", or of the teacher itself, under "model"); ValueError unless they were
+    measured with this run's teacher, settings and tasks."""
+    path = s.teacher_eval
     try:
         with open(path) as f:
             d = json.load(f)
-        s = d["settings"]
-        res, who = (d["teacher"], s["teacher"]) if "teacher" in d else (d["model"], s["init_from"])
+        saved, res, who = d["settings"], d.get("teacher", d["model"]), teacher_of(d)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--teacher_eval={path}: not an evaluate.py --out file ({type(e).__name__}: {e})") from None
-    if who != args.teacher:
-        raise ValueError(f"--teacher_eval={path}: its teacher is {who!r}, this run's --teacher={args.teacher!r}")
+    if who != s.teacher:
+        raise ValueError(f"--teacher_eval={path}: its teacher is {who!r}, this run's --teacher={s.teacher!r}")
     for key in SAME:
-        if s.get(key) != getattr(args, key):
-            raise ValueError(f"--teacher_eval={path}: measured with --{key}={s.get(key)}, this run has --{key}={getattr(args, key)}")
-    if missing := [t for t in args.task_list if t not in res]:
+        if saved.get(key) != getattr(s, key):
+            raise ValueError(f"--teacher_eval={path}: measured with --{key}={saved.get(key)}, this run has "
+                             f"--{key}={getattr(s, key)}")
+    if missing := [t for t in task_list if t not in res]:
         raise ValueError(f"--teacher_eval={path}: has no {', '.join(missing)}")
-    return {k: res[k] for k in ["lm"] + args.task_list}
+    return {k: res[k] for k in ["lm"] + task_list}
 
 
 def main(argv=None):
-    args = get_args(argv)
-    dtype = getattr(torch, args.dtype)
-    missing = [t for t in args.task_list if args.mc_source == "offline" and not os.path.exists(os.path.join(args.mc_dir, f"{t}.jsonl"))]
+    s, task_list = settings(argv)
+    dtype = getattr(torch, s.dtype)
+    missing = [t for t in task_list if s.mc_source == "offline" and not os.path.exists(os.path.join(s.mc_dir, f"{t}.jsonl"))]
     if missing:  # before any work: the perplexity pass takes minutes on a CPU
-        sys.exit(f"error: {args.mc_dir} has no {', '.join(missing)}: run python data/mc_offline/prepare.py "
+        sys.exit(f"error: {s.mc_dir} has no {', '.join(missing)}: run python data/mc_offline/prepare.py "
                  f"(offline tasks: {TASKS})")
     try:  # before the long work: the held-out file's shape, and where the report goes
-        n = len(read_tokens(args.data))
-        if n <= args.seq_len:
-            raise ValueError(f"{args.data}: {n} tokens, fewer than one window of --seq_len={args.seq_len}")
-        if args.out:
-            checkpoint.check_writable(os.path.dirname(args.out), f"--out={args.out}")
-        cached = read_teacher_eval(args) if args.teacher_eval else None
+        n = len(read_tokens(s.data))
+        if n <= s.seq_len:
+            raise ValueError(f"{s.data}: {n} tokens, fewer than one window of --seq_len={s.seq_len}")
+        if s.out:
+            checkpoint.check_writable(os.path.dirname(s.out), f"--out={s.out}")
+        cached = read_teacher_eval(s, task_list) if s.teacher_eval else None
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     torch.manual_seed(0)  # an untrained student's new layers: the same draws every run
-    net, tok = checkpoint.load_from_args(args)
+    net, tok = checkpoint.load_from_settings(s)
     try:
         student = net.config.mixer != "attention"
-        teacher = checkpoint.load(args.teacher, dtype=dtype, device=args.device).eval() if student and args.teacher != "none" else None
-        if teacher is not None and teacher.config.mixer != "attention":
-            raise ValueError(f"--teacher={args.teacher} holds a {teacher.config.mixer} student, not a softmax-attention "
-                             f"teacher ('none' skips the teacher)")
+        teacher = None  # the reference of a student, unless --vs_teacher=false
+        if student and s.vs_teacher:
+            try:
+                teacher = checkpoint.load(s.teacher, dtype=dtype, device=s.device).eval()
+            except (FileNotFoundError, ValueError) as e:
+                raise ValueError(f"--teacher={s.teacher}: {e}") from None
+            checkpoint.check_teacher(teacher, s.teacher)
         if cached is not None and teacher is None:
-            raise ValueError(f"--teacher_eval={args.teacher_eval}: needs a student and a teacher to compare it with")
-        data = read_tokens(args.data, net.config.vocab_size)
+            raise ValueError(f"--teacher_eval={s.teacher_eval}: needs a student and a teacher to compare it with")
+        data = read_tokens(s.data, net.config.vocab_size)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    label = args.mixer or args.init_from
+    label = checkpoint.label(s)
     print(f"evaluating {label} ({net.config.mixer})", file=sys.stderr)
-    tasks = load_tasks(args)
+    tasks = load_tasks(s, task_list)
     # the held-out pass first, the teacher's too (for the KL): it checks a --teacher_eval file
-    lm = lm_metrics(net, data, args.seq_len, args.max_windows, args.batch_size, teacher)
+    lm = lm_metrics(net, data, s.seq_len, s.max_windows, s.batch_size, teacher)
     if cached is not None and not math.isclose(lm["teacher_loss"], cached["lm"]["loss"], rel_tol=1e-4):
-        sys.exit(f"error: --teacher_eval={args.teacher_eval}: the teacher's held-out loss there is "
+        sys.exit(f"error: --teacher_eval={s.teacher_eval}: the teacher's held-out loss there is "
                  f"{cached['lm']['loss']:.6f}, here {lm['teacher_loss']:.6f}: another teacher or other code; "
                  f"evaluate the teacher again (drop --teacher_eval)")
-    results = {"model": evaluate(net, tok, args, data, tasks, lm)}
+    results = {"model": evaluate(net, tok, s, data, tasks, lm)}
     if cached is not None:
-        print(f"the teacher {args.teacher}: task scores from {args.teacher_eval}", file=sys.stderr)
+        print(f"the teacher {s.teacher}: task scores from {s.teacher_eval}", file=sys.stderr)
         results["teacher"] = cached
     elif teacher is not None:  # its held-out numbers come from the pass above
-        print(f"evaluating the teacher {args.teacher}", file=sys.stderr)
+        print(f"evaluating the teacher {s.teacher}", file=sys.stderr)
         t_lm = {"tokens": lm["tokens"], "loss": lm["teacher_loss"], "ppl": float(np.exp(lm["teacher_loss"]))}
-        results["teacher"] = evaluate(teacher, tok, args, data, tasks, t_lm)
+        results["teacher"] = evaluate(teacher, tok, s, data, tasks, t_lm)
     print(f"\nheld-out {lm['tokens']:,} tokens: loss {lm['loss']:.4f}, ppl {lm['ppl']:.2f}"
           + (f", KL to teacher {lm['kl']:.4f} nats/token (teacher ppl {results['teacher']['lm']['ppl']:.2f})" if teacher else ""))
-    if args.task_list:
+    if task_list:
         runs = [results["teacher"], results["model"]] if teacher else [results["model"]]
         names = ["teacher", f"student ({label})"] if teacher else [f"teacher ({label})" if not student else label]
         results["summary"] = summarize(runs, names)
         print("\n" + "\n".join(markdown(results["summary"])))
-        print("\nquestions per task: " + ", ".join(f"{t} {results['model'][t]['n']}" for t in args.task_list)
+        print("\nquestions per task: " + ", ".join(f"{t} {results['model'][t]['n']}" for t in task_list)
               + "; in %, [95% interval]: Wilson for a task, bootstrap for Avg, paired bootstrap for Recovery")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"settings": vars(args), **results}, f, indent=1)
+    if s.out:
+        with open(s.out, "w") as f:
+            json.dump({"settings": {**asdict(s), "task_list": task_list}, **results}, f, indent=1)
     return results
 
 

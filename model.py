@@ -6,7 +6,8 @@ convention, grouped-query attention through scaled_dot_product_attention (writte
 masked softmax in the else-branch), a SwiGLU MLP and embeddings tied to the LM head. A student
 is the same model with another token mixer in place of softmax attention (config.mixer, built
 by mixers.py). Module names follow the Hugging Face checkpoint, so that checkpoint.py loads
-weights as a strict copy.
+weights as a strict copy. The architecture alone: forward() takes per-layer caches, and
+decode.py turns them into tokens (sampling, the plain loop, static caches).
 
 References:
 1) SmolLM2 model cards and config.json files (HuggingFaceTB)
@@ -31,14 +32,14 @@ class Config:
     n_layer: int = 30  # transformer blocks
     n_embd: int = 576  # residual stream width
     n_head: int = 9  # query heads (head_dim = n_embd // n_head = 64)
-    n_kv_head: int = 3  # key/value heads: grouped-query attention shares each across n_head/n_kv_head
+    n_kv_head: int = 3  # key/value heads: grouped-query attention shares each over n_head/n_kv_head
     intermediate_size: int = 1536  # SwiGLU hidden width
     rope_theta: float = 100000.0  # rotary base; read it from the checkpoint, it differs per model
     rms_eps: float = 1e-5  # RMSNorm epsilon
     max_seq_len: int = 8192  # context the teacher was trained for (rotary works past it, untested)
     tie_embeddings: bool = True  # lm_head shares the token embedding matrix, as in SmolLM2
     # --- students (mixers.py); the teacher is mixer="attention" ---
-    mixer: str = "attention"  # token mixer in every layer: "attention", "swa" or one of mixers.MIXERS
+    mixer: str = "attention"  # every layer's token mixer: "attention", "swa" or in mixers.MIXERS
     softmax_layers: tuple = ()  # layer indices kept as softmax attention in a hybrid student
     window: int = 512  # keys seen by sliding-window attention (mixer="swa")
     short_conv: bool = True  # short causal depthwise conv on q, k, v, for every mixer alike
@@ -70,7 +71,8 @@ class Config:
 PRESETS = {  # architecture of the released SmolLM2 sizes (their config.json files on the hub)
     "smollm2-135m": dict(n_layer=30, n_embd=576, n_head=9, n_kv_head=3, intermediate_size=1536),
     "smollm2-360m": dict(n_layer=32, n_embd=960, n_head=15, n_kv_head=5, intermediate_size=2560),
-    "smollm2-1.7b": dict(n_layer=24, n_embd=2048, n_head=32, n_kv_head=32, intermediate_size=8192, rope_theta=130000.0),
+    "smollm2-1.7b": dict(n_layer=24, n_embd=2048, n_head=32, n_kv_head=32, intermediate_size=8192,
+                         rope_theta=130000.0),
 }
 
 
@@ -85,29 +87,21 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        # normalize in fp32, as the reference implementation does, then scale in x's dtype: the
-        # mixers' output norm without its gate
-        return mixers.rms_norm_gate(x, self.weight, eps=self.eps)
+        # normalize in fp32, as the reference implementation does, then scale in x's dtype (the
+        # mixers' output norm, mixers.rms_norm_gate, without its gate)
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 def rope_cos_sin(positions, head_dim, theta, device=None):
-    """Rope for integer positions: cos, sin [T, head_dim] in the rotate-half layout (both halves repeat)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    angles = positions.to(device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+    """Rope for integer positions: cos, sin [T, head_dim] in the rotate-half layout (both halves
+    repeat)."""
+    channels = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (channels / head_dim))
+    angles = positions.to(device=device, dtype=torch.float32)[:, None] * inv_freq  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D)
     return Rope(angles.cos(), angles.sin())
-
-
-def pick(logits, temperature=1.0, top_k=None):
-    """Next token ids [B] from logits [B, V]: the argmax at temperature 0, else a sample of the
-    softened distribution, restricted to the top_k most likely tokens when given."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
 
 
 class Rope(NamedTuple):
@@ -133,9 +127,10 @@ class Attention(nn.Module):
 
     def __init__(self, config, window=0):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
-        self.window = window
-        self.backend = None  # "naive": the attention written out below; else scaled_dot_product_attention
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_dim, self.window = config.head_dim, window
+        # "naive": the attention written out below; else scaled_dot_product_attention
+        self.backend = None
         self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
@@ -161,12 +156,15 @@ class Attention(nn.Module):
         rep = self.n_head // self.n_kv_head  # each KV head serves `rep` query heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         S = k.shape[2]  # keys: those cached before, then these T; the queries sit at the end
-        plain = S == T and self.window == 0 and self.backend != "naive"  # FlashAttention's causal square
+        # FlashAttention's causal square
+        plain = S == T and self.window == 0 and self.backend != "naive"
         if not plain:  # (T, S): the keys each query sees, causal and inside the window
-            qi, kj = torch.arange(S - T, S, device=x.device)[:, None], torch.arange(S, device=x.device)[None, :]
+            qi = torch.arange(S - T, S, device=x.device)[:, None]
+            kj = torch.arange(S, device=x.device)[None, :]
             mask = (kj <= qi) & (kj > qi - self.window) if self.window > 0 else kj <= qi
         if self.backend != "naive":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if plain else mask, is_causal=plain)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if plain else mask,
+                                               is_causal=plain)
         else:  # the same attention written out
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, S)
             att = att.masked_fill(~mask, float("-inf")).float().softmax(dim=-1).to(q.dtype)
@@ -194,20 +192,6 @@ def check_mixer(name, allowed=MIXERS):
     if name not in allowed:
         raise ValueError(f"unknown mixer {name!r}; valid mixers: {', '.join(allowed)}")
     return name
-
-
-def check_softmax_layers(text, n_layer=None):
-    """'7,15,23' -> (7, 15, 23): a hybrid's softmax layers, distinct and below n_layer when it is
-    given, or a one-line ValueError."""
-    parts = [p.strip() for p in text.split(",")] if text else []
-    if not all(p.isdigit() for p in parts):
-        raise ValueError("expected layer numbers such as 7,15,23")
-    layers = tuple(int(p) for p in parts)
-    if len(set(layers)) < len(layers):
-        raise ValueError("a layer is named twice")
-    if n_layer is not None and any(i >= n_layer for i in layers):
-        raise ValueError(f"the teacher has {n_layer} layers, numbered 0 to {n_layer - 1}")
-    return layers
 
 
 def build_token_mixer(config, layer_idx):
@@ -251,7 +235,8 @@ class SmolLM2(nn.Module):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def rope(self, T, start=0, device=None):
-        """The Rope of positions start .. start + T - 1 (start an int, or a 0-d tensor on the device)."""
+        """The Rope of positions start .. start + T - 1 (start an int, or a 0-d tensor on the
+        device)."""
         positions = torch.arange(T, device=device) + start
         return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, device)
 
@@ -279,23 +264,6 @@ class SmolLM2(nn.Module):
             return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits, loss
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Yields the next token ids [B], one step at a time, from prompt ids idx [B, T].
-
-        The prompt goes through once; each new token then reuses the per-layer caches (keys and
-        values for attention, the recurrent state for students). temperature 0 is greedy.
-        """
-        caches = [dict() for _ in self.model.layers]
-        logits = self(idx, caches=caches, last_only=True)[:, -1, :]
-        pos = idx.shape[1]
-        for i in range(max_new_tokens):
-            nxt = pick(logits, temperature, top_k)
-            yield nxt
-            if i + 1 < max_new_tokens:  # no step past the last token
-                logits = self(nxt[:, None], caches=caches, start=pos)[:, -1, :]
-                pos += 1
 
     def set_backend(self, backend):
         """The form every token mixer runs in: "naive", "torch" or "triton" (mixers.BACKENDS), or

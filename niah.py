@@ -1,10 +1,14 @@
 """
-Needle in a haystack, RULER's single-needle tasks: can the model find one fact hidden in a long text?
+Needle in a haystack, RULER's single-needle tasks: can the model find one fact hidden in a long
+text?
 
-    python niah.py                                      # offline teacher, all three tasks, CPU quick setting
-    python niah.py --tasks=s_niah_1 --lengths=512       # the study's passkey alone (needs no corpus)
+    python niah.py                                  # offline teacher, the three tasks, CPU setting
+    python niah.py --tasks=s_niah_1 --lengths=512   # the study's passkey alone (needs no corpus)
     python niah.py --init_from=out/gated_deltanet/stage3.pt --full     # GPU setting, up to 8k
-    python niah.py --mixer=gla --lengths=512,1024       # untrained student (smoke test)
+    python niah.py --mixer=gla --lengths=512,1024   # untrained student of the teacher (smoke test)
+
+The model is --teacher (--init_from=teacher, the default), a new student of it (--mixer), or a
+checkpoint (--init_from=<checkpoint>), as in sample.py and evaluate.py.
 
 The tasks are RULER's niah_single_1..3 (scripts/synthetic.yaml). The needle is "One of the
 special magic numbers for {key} is: {value}." with an adjective-noun key, as in RULER:
@@ -34,7 +38,6 @@ References:
 2) What Matters in Linearizing Language Models? arXiv 2504.14366 (passkey accuracy by length)
 """
 
-import argparse
 import csv
 import functools
 import json
@@ -43,18 +46,21 @@ import random
 import sys
 import time
 import uuid
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 import checkpoint
+import cli
 import decode
 from data import read_tokens
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 # task: (haystack, value type, title); the value type names the needle in RULER's templates
 TASKS = {
-    "s_niah_1": ("noise", "number", "S-NIAH-1: noise haystack, 7-digit value (the study's passkey)"),
+    "s_niah_1": ("noise", "number",
+                 "S-NIAH-1: noise haystack, 7-digit value (the study's passkey)"),
     "s_niah_2": ("essay", "number", "S-NIAH-2: essay haystack, 7-digit value"),
     "s_niah_3": ("essay", "uuid", "S-NIAH-3: essay haystack, UUID value"),
 }
@@ -75,35 +81,60 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "modern"
 PREPARE = "python data/modern/prepare.py"
 
 
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    checkpoint.add_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype, --backend
-    p.add_argument("--full", action="store_true", help="GPU setting: lengths up to 8k, 30 prompts per cell")
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, among {', '.join(TASKS)}")
-    p.add_argument("--lengths", default=None, help="prompt lengths in tokens (default 512,1024,2048; --full adds 4096,8192)")
-    p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the haystack")
-    p.add_argument("--samples", type=int, default=None, help="prompts per (task, length, depth) cell (default 1; --full 30)")
-    p.add_argument("--data", default=DATA, help=f"held-out text for the essay haystacks (uint16 tokens, documents ended by 0; {PREPARE})")
-    p.add_argument("--plain", action="store_true", help="plain completion prompt instead of ChatML (base models)")
-    p.add_argument("--batch_size", type=int, default=None, help="prompts per forward (default 4 on CPU, 16 on GPU)")
-    p.add_argument("--out_dir", default=None, help="where results go (default out/niah/<model name>)")
-    p.add_argument("--seed", type=int, default=1337)
-    decode.add_args(p)
-    a = p.parse_args(argv)
+@dataclass
+class Settings(checkpoint.ModelSettings):  # the model's settings first: --init_from, --mixer, ...
+    # --- the prompts ---
+    full: bool = False  # GPU setting: --lengths up to 8192 and --samples=30, unless given
+    tasks: str = ",".join(TASKS)  # comma-separated, among s_niah_1, s_niah_2, s_niah_3
+    lengths: str = "512,1024,2048"  # prompt lengths in tokens (--full: to 8192)
+    depths: str = "0,25,50,75,100"  # needle depths in percent of the haystack
+    samples: int = 1  # prompts per (task, length, depth) cell (--full: 30)
+    data: str = DATA  # held-out text for the essay haystacks (uint16 tokens, documents ended by
+    #   0; python data/modern/prepare.py)
+    plain: bool = False  # plain completion prompt instead of ChatML (base models)
+    # --- the run ---
+    batch_size: int = 4  # prompts per forward (on a GPU: 16)
+    out_dir: str = ""  # where results go; "" = out/niah/<model name>
+    seed: int = 1337  # needles, haystack windows, and an untrained student's new weights
+    decoder: str = "auto"  # fast: static caches (decode.py), on CUDA compiled and replayed from a
+    #   CUDA graph; plain: decode.plain's growing caches; auto: fast on CUDA, plain otherwise
+
+
+GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "batch_size": 16}
+FULL = dict(lengths="512,1024,2048,4096,8192", samples=30)  # --full, unless given
+
+
+def fail(msg):
+    """A setting that cannot work: one line on stderr and status 2, before any model loads."""
+    print(f"niah.py: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def numbers(s, key, kind):
+    """A comma-separated setting as a list of kind, or fail's one line."""
     try:
-        default = "512,1024,2048,4096,8192" if a.full else "512,1024,2048"
-        a.lengths = [int(x) for x in (a.lengths or default).split(",")]
-        a.depths = [float(x) for x in a.depths.split(",")]
+        return [kind(x) for x in getattr(s, key).split(",")]
     except ValueError as e:
-        p.error(f"--lengths and --depths are comma-separated numbers: {e}")
-    a.tasks = a.tasks.split(",")
-    a.samples = (30 if a.full else 1) if a.samples is None else a.samples
-    a.batch_size = (16 if a.device.startswith("cuda") else 4) if a.batch_size is None else a.batch_size
-    if a.samples < 1 or a.batch_size < 1:
-        p.error(f"--samples={a.samples} and --batch_size={a.batch_size}: expected integers >= 1")
-    if set(a.tasks) - set(TASKS) or not all(0 <= d <= 100 for d in a.depths) or min(a.lengths) < 128:
-        p.error(f"--tasks must be among {', '.join(TASKS)}, depths in 0..100, lengths >= 128")
-    return a
+        fail(f"--lengths and --depths are comma-separated numbers: --{key}: {e}")
+
+
+def settings(argv=None):
+    """The run's Settings from the command line (--help lists them), checked, and its tasks,
+    lengths and depths as lists."""
+    s, given = cli.settings(sys.argv[1:] if argv is None else argv, Settings, fail, GPU_DEFAULTS)
+    if s.full:
+        for key, value in FULL.items():
+            setattr(s, key, given.get(key, value))
+    checkpoint.check_settings(s, fail)
+    lengths, depths = numbers(s, "lengths", int), numbers(s, "depths", float)
+    tasks = s.tasks.split(",")
+    if s.samples < 1 or s.batch_size < 1:
+        fail(f"--samples={s.samples} and --batch_size={s.batch_size}: expected integers >= 1")
+    if set(tasks) - set(TASKS) or not all(0 <= d <= 100 for d in depths) or min(lengths) < 128:
+        fail(f"--tasks must be among {', '.join(TASKS)}, depths in 0..100, lengths >= 128")
+    if s.decoder not in decode.DECODERS:
+        fail(f"--decoder={s.decoder!r}: expected one of {', '.join(decode.DECODERS)}")
+    return s, tasks, lengths, depths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +175,8 @@ class Haystack:
     @classmethod
     def essays(cls, tok, path, vocab_size=None):
         r"""Held-out documents with every whitespace run made one space and run together, as RULER
-        does with its essays (re.sub(r"\s+", " ", essay)): prose on one line, code and tables too."""
+        does with its essays (re.sub(r"\s+", " ", essay)): prose on one line, code and tables
+        too."""
         ids = np.asarray(read_tokens(path, vocab_size))
         docs = np.split(ids, np.nonzero(ids == tok.eot_id)[0] + 1)  # each ends with its 0
         texts = (" ".join(tok.decode(d[d != tok.eot_id].tolist()).split()) for d in docs)
@@ -156,14 +188,16 @@ class Haystack:
         if self.lines:
             return np.tile(self.ids, n // len(self.ids) + 1)[-n:]
         ids = self.ids if len(self.ids) >= 2 * n else np.tile(self.ids, -(-2 * n // len(self.ids)))
-        stops = np.nonzero(self.ends[ids[n - 1:]])[0] + n  # window ends e >= n right after an end token
+        # window ends e >= n right after an end token
+        stops = np.nonzero(self.ends[ids[n - 1:]])[0] + n
         stop = int(stops[rng.randrange(len(stops))]) if len(stops) else len(ids)
         return ids[stop - n:stop]
 
     def insert_at(self, hay, depth):
         """Index in hay where the needle goes: the place nearest to depth% of it, before a line
         break of the noise or after a sentence end of an essay."""
-        target = depth / 100 * len(hay)  # unrounded: rounding first can break a near-tie the wrong way
+        # unrounded: rounding first can break a near-tie the wrong way
+        target = depth / 100 * len(hay)
         if self.lines:
             cands = np.append(np.nonzero(hay == self.newline)[0], len(hay))
         else:
@@ -179,13 +213,15 @@ def build_prompt(tok, hay, task, needle, length, depth, rng, chat=True):
     if chat:  # ChatML; the answer prefix opens the assistant's reply, as RULER's chat templates do
         ids, _ = tok.encode_chat([{"role": "user", "content": ""}], add_generation_prompt=True)
         j = len(ids) - 1 - ids[::-1].index(tok.im_end_id)  # the <|im_end|> closing the user turn
-        pre, post = ids[:j] + tok.encode(head), tok.encode(question) + ids[j:] + tok.encode(prefix.lstrip())
+        pre = ids[:j] + tok.encode(head)
+        post = tok.encode(question) + ids[j:] + tok.encode(prefix.lstrip())
     else:  # RULER's base template: the answer prefix follows the question
         pre, post = tok.encode(head), tok.encode(question + prefix)
     needle_ids = tok.encode(hay.sep + NEEDLE.format(v=v, key=key, value=value))
     n_hay = length - len(pre) - len(post) - len(needle_ids)
     if n_hay < 1:
-        raise ValueError(f"length {length} is too short for the prompt template ({length - n_hay} tokens)")
+        raise ValueError(f"length {length} is too short for the prompt template "
+                         f"({length - n_hay} tokens)")
     filler = hay.sample(n_hay, rng)
     at = hay.insert_at(filler, depth)
     ids = pre + filler[:at].tolist() + needle_ids + filler[at:].tolist() + post
@@ -202,21 +238,24 @@ def string_match(prediction, value):
 
 
 @torch.no_grad()
-def greedy(net, idx, max_new_tokens, fast=None):
+def greedy(net, idx, max_new_tokens, **decoding):
     """Greedy continuation ids [B, max_new_tokens] of prompts idx [B, T]: the prompt goes through
     once (teacher: KV cache; student: chunked form into its state), then one token per step
-    (decode.generate: on a GPU from static caches and a CUDA graph, unless fast is False)."""
-    return torch.stack(list(decode.generate(net, idx, max_new_tokens, temperature=0, fast=fast)), 1)
+    (decode.generate, which takes decoding: static, graph, compile; decode.options gives them for
+    a --decoder)."""
+    tokens = decode.generate(net, idx, max_new_tokens, temperature=0, **decoding)
+    return torch.stack(list(tokens), 1)
 
 
-def model_answerer(net, tok, device, fast=None):
-    """prompts (list of equal-length id lists), max_new -> answer strings, cut at end of turn."""
+def model_answerer(net, tok, device, **decoding):
+    """prompts (list of equal-length id lists), max_new -> answer strings, cut at end of turn;
+    decoding: greedy()'s."""
     stops = {tok.im_end_id, tok.eot_id}
 
     def answer(prompts, max_new):
         idx = torch.tensor(prompts, dtype=torch.long, device=device)  # (B, T)
         texts = []
-        for row in greedy(net, idx, max_new, fast).tolist():
+        for row in greedy(net, idx, max_new, **decoding).tolist():
             cut = next((i for i, t in enumerate(row) if t in stops), len(row))
             texts.append(tok.decode(row[:cut]))
         return texts
@@ -224,7 +263,8 @@ def model_answerer(net, tok, device, fast=None):
     return answer
 
 
-def run(answer, tok, haystacks, tasks, lengths, depths, samples, batch_size=4, chat=True, seed=1337, log=sys.stderr):
+def run(answer, tok, haystacks, tasks, lengths, depths, samples, batch_size=4, chat=True, seed=1337,
+        log=sys.stderr):
     """Every (task, length, depth, sample) prompt through answer(); a list of result dicts.
     haystacks: {"noise": Haystack, "essay": Haystack}, the ones the tasks use."""
     rng, records, t0 = random.Random(seed), [], time.time()
@@ -238,8 +278,10 @@ def run(answer, tok, haystacks, tasks, lengths, depths, samples, batch_size=4, c
             for depth in depths:
                 for _ in range(samples):
                     needle = make_needle(task, rng)
-                    ids, pos = build_prompt(tok, haystacks[TASKS[task][0]], task, needle, length, depth, rng, chat)
-                    jobs.append(dict(task=task, length=length, depth=depth, needle_pos=pos, value=needle[1], ids=ids))
+                    hay = haystacks[TASKS[task][0]]
+                    ids, pos = build_prompt(tok, hay, task, needle, length, depth, rng, chat)
+                    jobs.append(dict(task=task, length=length, depth=depth, needle_pos=pos,
+                                     value=needle[1], ids=ids))
         for b in range(0, len(jobs), batch_size):
             batch = jobs[b:b + batch_size]
             # the value follows the answer prefix; 8 tokens of room for ":", "**" and the like
@@ -250,8 +292,9 @@ def run(answer, tok, haystacks, tasks, lengths, depths, samples, batch_size=4, c
                 records.append(dict(j, prediction=pred, correct=string_match(pred, j["value"])))
             work_done += length * len(batch)
             rate = (time.time() - t0) / work_done
-            print(f"\rniah: {len(records)}/{total} prompts, length {length}, {time.time() - t0:.0f}s, "
-                  f"~{rate * (work - work_done):.0f}s left", end="", file=log, flush=True)
+            print(f"\rniah: {len(records)}/{total} prompts, length {length}, "
+                  f"{time.time() - t0:.0f}s, ~{rate * (work - work_done):.0f}s left", end="",
+                  file=log, flush=True)
     print(file=log)
     return records
 
@@ -271,10 +314,12 @@ def summarize(records):
 
 def table(acc, task, lengths, depths):
     """One task's accuracy (%) with depths as rows and lengths as columns."""
-    rows = ["| depth \\ length | " + " | ".join(str(n) for n in lengths) + " |", "|---" * (len(lengths) + 1) + "|"]
+    rows = ["| depth \\ length | " + " | ".join(str(n) for n in lengths) + " |",
+            "|---" * (len(lengths) + 1) + "|"]
     for d in list(depths) + ["all"]:
         label = "all depths" if d == "all" else f"{d:g}%"
-        rows.append(f"| {label} | " + " | ".join(f"{100 * acc[(task, n, d)]:.1f}" for n in lengths) + " |")
+        cells = " | ".join(f"{100 * acc[(task, n, d)]:.1f}" for n in lengths)
+        rows.append(f"| {label} | {cells} |")
     return "\n".join(rows)
 
 
@@ -286,10 +331,11 @@ def heatmap(acc, tasks, lengths, depths, path, title):
     import matplotlib.pyplot as plt
 
     w, h = 0.9 * len(lengths) + 1.4, 0.6 * len(depths) + 2.2  # one panel
-    fig, axes = plt.subplots(1, len(tasks), figsize=(w * len(tasks) + 1.5, h), squeeze=False, sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(w * len(tasks) + 1.5, h), squeeze=False,
+                             sharey=True, layout="constrained")
     for ax, task in zip(axes[0], tasks):
-        grid = np.array([[100 * acc[(task, n, d)] for n in lengths] for d in depths])  # (depths, lengths)
+        # (depths, lengths)
+        grid = np.array([[100 * acc[(task, n, d)] for n in lengths] for d in depths])
         im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=9)
@@ -306,47 +352,51 @@ def heatmap(acc, tasks, lengths, depths, path, title):
 
 
 def main(argv=None):
-    args = get_args(argv)
-    essays = any(TASKS[t][0] == "essay" for t in args.tasks)
-    if essays and not os.path.exists(args.data):
-        sys.exit(f"error: {args.data} not found: build it with {PREPARE} (or run --tasks=s_niah_1)")
-    name = args.mixer or os.path.splitext(os.path.basename(args.init_from.rstrip("/")))[0]
-    out_dir = args.out_dir or os.path.join("out", "niah", name)
+    s, tasks, lengths, depths = settings(argv)
+    essays = any(TASKS[t][0] == "essay" for t in tasks)
+    if essays and not os.path.exists(s.data):
+        sys.exit(f"error: {s.data} not found: build it with {PREPARE} (or run --tasks=s_niah_1)")
+    name = os.path.splitext(os.path.basename(checkpoint.label(s).rstrip("/")))[0]
+    out_dir = s.out_dir or os.path.join("out", "niah", name)
     try:  # before any model loads or prompt runs: the results must have somewhere to go
         checkpoint.check_writable(out_dir, f"--out_dir={out_dir}")
         if essays:
-            read_tokens(args.data)
+            read_tokens(s.data)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    torch.manual_seed(args.seed)
-    net, tok = checkpoint.load_from_args(args)
-    kinds = {TASKS[t][0] for t in args.tasks}
+    torch.manual_seed(s.seed)
+    net, tok = checkpoint.load_from_settings(s)
+    kinds = {TASKS[t][0] for t in tasks}
     try:
-        haystacks = {k: Haystack.noise(tok) if k == "noise" else Haystack.essays(tok, args.data, net.config.vocab_size)
-                     for k in kinds}
+        haystacks = {k: Haystack.noise(tok) if k == "noise" else
+                     Haystack.essays(tok, s.data, net.config.vocab_size) for k in kinds}
     except ValueError as e:
         sys.exit(f"error: {e}")
-    print(f"{net.config.mixer} model ({name}), tasks {args.tasks}, lengths {args.lengths}, depths {args.depths}, "
-          f"{args.samples} prompt(s) per cell, {args.device} {args.dtype}", file=sys.stderr)
+    print(f"{net.config.mixer} model ({name}), tasks {tasks}, lengths {lengths}, depths {depths}, "
+          f"{s.samples} prompt(s) per cell, {s.device} {s.dtype}", file=sys.stderr)
     t0 = time.time()
-    records = run(model_answerer(net, tok, args.device, decode.FAST[args.decoder]), tok, haystacks, args.tasks, args.lengths, args.depths,
-                  args.samples, args.batch_size, not args.plain, args.seed)
+    # --decoder, decided once for the device: static caches, CUDA graph, compiled blocks
+    answer = model_answerer(net, tok, s.device, **decode.options(s.decoder, s.device))
+    records = run(answer, tok, haystacks, tasks, lengths, depths, s.samples, s.batch_size,
+                  not s.plain, s.seed)
     seconds = time.time() - t0
     acc = summarize(records)
     print(f"\nneedle in a haystack (RULER single needle), {name}: string match (%), "
           f"{len(records)} prompts in {seconds:.0f}s")
-    for task in args.tasks:
-        print(f"\n{TASKS[task][2]}\n\n{table(acc, task, args.lengths, args.depths)}")
+    for task in tasks:
+        print(f"\n{TASKS[task][2]}\n\n{table(acc, task, lengths, depths)}")
     os.makedirs(out_dir, exist_ok=True)
     cells = [dict(task=t, length=n, depth=d, accuracy=a) for (t, n, d), a in acc.items()]
+    used = {**asdict(s), "tasks": tasks, "lengths": lengths, "depths": depths}
     with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"settings": vars(args), "seconds": seconds, "accuracy": cells, "records": records}, f, indent=1)
+        json.dump({"settings": used, "seconds": seconds, "accuracy": cells, "records": records}, f,
+                  indent=1)
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
         cols = ["task", "length", "depth", "needle_pos", "value", "prediction", "correct"]
         w = csv.DictWriter(f, cols)
         w.writeheader()
         w.writerows(records)
-    heatmap(acc, args.tasks, args.lengths, args.depths, os.path.join(out_dir, "heatmap.png"),
+    heatmap(acc, tasks, lengths, depths, os.path.join(out_dir, "heatmap.png"),
             f"needle in a haystack: {name}")
     print(f"\nwrote {out_dir}/results.json, results.csv, heatmap.png")
     return acc

@@ -1,69 +1,88 @@
 """
 Generate text from the teacher or from a student, streaming tokens as they come.
 
-    python sample.py --prompt="The capital of France is"
+    python sample.py --prompt="The capital of France is"       # the teacher (--teacher=default)
     python sample.py --chat="Give me three tips for sleeping well."
-    python sample.py --init_from=out/gated_deltanet/stage3.pt --chat="Hi!"
+    python sample.py --init_from=out/gated_deltanet/stage3.pt --chat="Hi!"   # a trained student
     python sample.py --mixer=gated_deltanet --prompt="Hello"   # untrained student from the teacher
     python sample.py --mixer=kda --backend=naive --max_new_tokens=8   # its textbook recurrence
 
+--init_from=teacher (the default) runs --teacher, or with --mixer a new student built from it;
+--init_from=<checkpoint> runs the checkpoint (and --mixer, when given, must be what it holds).
 Teachers decode with a key/value cache; students carry their recurrent state (and short-conv
 tail), so their memory does not grow with the length of the text. On a GPU the decoding step
-runs on static caches from a CUDA graph (decode.py; --decoder=plain: model.generate's loop).
+runs on static caches from a CUDA graph (decode.py; --decoder=plain: decode.plain's loop).
 """
 
-import argparse
 import codecs
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
 import checkpoint
+import cli
 import decode
 
 
-def get_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    checkpoint.add_args(p)  # --init_from, --tokenizer, --mixer, --device, --dtype, --backend
-    p.add_argument("--prompt", default="Once upon a time", help="plain-text prompt")
-    p.add_argument("--chat", default=None, help="a user message, wrapped in the ChatML template")
-    p.add_argument("--max_new_tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top_k", type=int, default=50, help="0 = no top-k filtering")
-    p.add_argument("--num_samples", type=int, default=1, help="samples drawn in one batch")
-    p.add_argument("--seed", type=int, default=1337)
-    decode.add_args(p)
-    args = p.parse_args(argv)
-    if args.temperature < 0 or args.max_new_tokens < 0 or args.num_samples < 1 or args.top_k < 0:
-        p.error("temperature, max_new_tokens and top_k must be >= 0, num_samples >= 1")
-    if args.chat is None and not args.prompt:  # no token to continue from
-        p.error("--prompt is empty: give some text to continue, or --chat=<a message>")
-    return args
+@dataclass
+class Settings(checkpoint.ModelSettings):  # the model's settings first: --init_from, --mixer, ...
+    # --- what to generate ---
+    prompt: str = "Once upon a time"  # plain-text prompt
+    chat: str = ""  # a user message, wrapped in the ChatML template (then --prompt is not used)
+    max_new_tokens: int = 128  # tokens to generate
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 50  # sample among the top_k most likely tokens; 0 = no top-k filtering
+    num_samples: int = 1  # samples drawn in one batch
+    seed: int = 1337  # sampling, and an untrained student's new weights
+    decoder: str = "auto"  # fast: static caches (decode.py), on CUDA compiled and replayed from a CUDA graph; plain: decode.plain's growing caches; auto: fast on CUDA, plain otherwise
+
+
+RULES = [("max_new_tokens", lambda v: v >= 0, "an integer >= 0"), ("top_k", lambda v: v >= 0, "an integer >= 0"),
+         ("temperature", lambda v: v >= 0, "a number >= 0 (0 = greedy)"),
+         ("num_samples", lambda v: v >= 1, "an integer >= 1"),
+         ("decoder", lambda v: v in decode.DECODERS, f"one of {', '.join(decode.DECODERS)}")]
+
+
+def fail(msg):
+    """A setting that cannot work: one line on stderr and status 2, before any model loads."""
+    print(f"sample.py: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def settings(argv=None):
+    """The run's Settings from the command line (--help lists them), checked."""
+    s, _ = cli.settings(sys.argv[1:] if argv is None else argv, Settings, fail, checkpoint.GPU_DEFAULTS)
+    checkpoint.check_settings(s, fail)
+    cli.check(s, RULES, fail)
+    if not s.chat and not s.prompt:  # no token to continue from
+        fail("--prompt is empty: give some text to continue, or --chat=<a message>")
+    return s
 
 
 def main(argv=None):
-    args = get_args(argv)
-    torch.manual_seed(args.seed)
-    net, tok = checkpoint.load_from_args(args)
-    if args.chat is not None:
-        ids, _ = tok.encode_chat([{"role": "user", "content": args.chat}], add_generation_prompt=True)
+    s = settings(argv)
+    torch.manual_seed(s.seed)
+    net, tok = checkpoint.load_from_settings(s)
+    if s.chat:
+        ids, _ = tok.encode_chat([{"role": "user", "content": s.chat}], add_generation_prompt=True)
         stops = {tok.im_end_id, tok.eot_id}
     else:
-        ids, stops = tok.encode(args.prompt), {tok.eot_id}
-    x = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=args.device)  # (N, T)
+        ids, stops = tok.encode(s.prompt), {tok.eot_id}
+    x = torch.tensor([ids] * s.num_samples, dtype=torch.long, device=s.device)  # (N, T)
     print(f"{net.config.mixer} model, {net.num_params() / 1e6:.1f}M parameters, prompt {len(ids)} tokens", file=sys.stderr)
 
-    stream = args.num_samples == 1
+    stream = s.num_samples == 1
     if stream:
-        sys.stdout.write(args.prompt if args.chat is None else "")
+        sys.stdout.write("" if s.chat else s.prompt)
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # tokens may split characters
-    out = [[] for _ in range(args.num_samples)]
-    done = torch.zeros(args.num_samples, dtype=torch.bool, device=args.device)
-    stop_ids = torch.tensor(sorted(stops), device=args.device)
+    out = [[] for _ in range(s.num_samples)]
+    done = torch.zeros(s.num_samples, dtype=torch.bool, device=s.device)
+    stop_ids = torch.tensor(sorted(stops), device=s.device)
+    opts = decode.options(s.decoder, s.device)  # static caches, CUDA graph, compiled blocks
     t0, n = time.time(), 0
-    for nxt in decode.generate(net, x, args.max_new_tokens, args.temperature, args.top_k or None,
-                               fast=decode.FAST[args.decoder]):
+    for nxt in decode.generate(net, x, s.max_new_tokens, s.temperature, s.top_k or None, **opts):
         n += 1
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
@@ -80,11 +99,10 @@ def main(argv=None):
     else:
         for i, ids_i in enumerate(out):
             text = tok.decode([t for t in ids_i if t not in stops])
-            print(f"--- sample {i + 1}\n{args.prompt if args.chat is None else ''}{text}")
-    fast = decode.FAST[args.decoder]
-    how = "static caches" + (", CUDA graph" if x.is_cuda else "") if (x.is_cuda if fast is None else fast) else "plain"
-    print(f"{n} steps x {args.num_samples} samples in {dt:.2f}s (prefill included): "
-          f"{n * args.num_samples / max(dt, 1e-9):.1f} tokens/s ({args.device}, {args.dtype}, {how} decoding)",
+            print(f"--- sample {i + 1}\n{'' if s.chat else s.prompt}{text}")
+    how = "static caches" + (", CUDA graph" if opts["graph"] else "") if opts["static"] else "plain"
+    print(f"{n} steps x {s.num_samples} samples in {dt:.2f}s (prefill included): "
+          f"{n * s.num_samples / max(dt, 1e-9):.1f} tokens/s ({s.device}, {s.dtype}, {how} decoding)",
           file=sys.stderr)
 
 

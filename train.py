@@ -3,14 +3,18 @@ Train a linear-time student of a SmolLM2 teacher, one stage at a time, in one lo
 
     python train.py --mixer=gated_deltanet --stage=1     # a few minutes on 2 CPU cores
     python train.py --mixer=gated_deltanet --stage=2     # starts from out/gated_deltanet/stage1.pt
-    python train.py --mixer=gated_deltanet --stage=3     # then sft (or sft_kd): ChatML conversations
+    python train.py --mixer=gated_deltanet --stage=3     # then sft (or sft_kd): ChatML chats
     python train.py --mixer=kda --stage=1 --softmax_layers=5,15,25   # a hybrid student
     torchrun --standalone --nproc_per_node=2 train.py --mixer=gated_deltanet --stage=3
 
-distill.py says what each stage is; distill.STAGES holds each stage's defaults. Every setting below
-is a --key=value; a run prints its effective settings first and stores them in every checkpoint,
-<out_dir>/<mixer>/stage<N>.pt, written whole at every eval. The same command after a crash goes on
-with the losses of a run that never stopped: batches are a function of (seed, step).
+distill.py says what each stage is; distill.STAGES holds each stage's defaults. Every setting
+below is a --key=value (--help lists them); a run prints its effective settings first and stores
+them in every checkpoint, <out_dir>/<mixer>/stage<N>.pt, written whole at every eval. The same
+command after a crash goes on with the losses of a run that never stopped: batches are a
+function of (seed, step). --teacher is the softmax teacher; --init_from is where the student
+starts: "teacher" (a new student with --mixer, built from the teacher) or a checkpoint (by
+default after stage 1 the previous stage's), which must hold --mixer. sample.py, niah.py and
+evaluate.py read the three the same way.
 
 References: 1) karpathy/nanoGPT train.py, the shape of this loop; 2) Hu et al. 2024, MiniCPM, the
 warmup-stable-decay schedule.
@@ -21,7 +25,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -35,21 +39,28 @@ import mixers
 import model as M
 from plots import plot
 
+
 @dataclass
 class Settings:
     # --- set by the stage (distill.STAGES and the machine, below) unless given ---
     learning_rate: float  # peak learning rate
     schedule: str  # "wsd" (warmup, stable, linear decay) or "cosine"
-    data_dir: str  # train.bin and val.bin (chat: with their masks): data/modern, data/smoltalk or data/sharegpt
-    init_from: str  # where the student starts: "teacher" (a new student built from it) or a checkpoint
-    max_iters: int  # optimizer steps: 40 on a CPU; on a GPU the stage's token budget (sft, sft_kd: one epoch)
+    data_dir: str  # train.bin and val.bin (chat: with their masks): data/modern, data/smoltalk
+    #   or data/sharegpt
+    init_from: str  # where the student starts: "teacher" (a new student built from --teacher)
+    #   or a checkpoint
+    max_iters: int  # optimizer steps: 40 on a CPU; on a GPU the stage's token budget (sft,
+    #   sft_kd: one epoch)
     # --- what to train ---
-    mixer: str = "gated_deltanet"  # student token mixer: one of model.MIXERS ("attention": a copy of the teacher)
+    mixer: str = "gated_deltanet"  # the student's token mixer: one of model.MIXERS ("attention":
+    #   a copy of the teacher); a checkpoint to start from must hold it
     stage: str = "1"  # "1", "2", "3", "sft", "sft_kd" or "lm"; distill.py says what each is
-    teacher: str = "default"  # anything checkpoint.load takes; 'default' = offline SmolLM2-135M-Instruct
+    teacher: str = "default"  # the softmax teacher, anything checkpoint.load takes; 'default' =
+    #   offline SmolLM2-135M-Instruct
     out_dir: str = "out"  # checkpoint <out_dir>/<mixer>/stage<N>.pt and its plot stage<N>.png
-    resume: bool = True  # continue from this stage's own checkpoint when it exists; false starts over
-    # --- a new student (init_from=teacher); later stages take the architecture from their checkpoint ---
+    resume: bool = True  # continue from this stage's own checkpoint when it exists; false
+    #   starts over
+    # --- a new student (init_from=teacher); later stages take it from their checkpoint ---
     softmax_layers: str = ""  # layers kept as softmax attention, e.g. "5,15,25": a hybrid student
     window: int = 512  # keys seen by sliding-window attention (--mixer=swa)
     short_conv: bool = True  # the short causal conv on q, k, v, for every mixer alike
@@ -71,12 +82,14 @@ class Settings:
     temperature: float = 1.0  # softens both distributions in the KL (which is then scaled by T^2)
     # --- eval and logging ---
     eval_interval: int = 20  # steps between evals (each also writes the checkpoint)
-    keep_at: str = ""  # steps, e.g. "1000,2000", whose weights are also kept as stage<N>_step<M>.pt (and evaluated)
+    keep_at: str = ""  # steps, e.g. "1000,2000", whose weights are also kept as
+    #   stage<N>_step<M>.pt (and evaluated)
     eval_iters: int = 2  # val batches per eval: the same fixed batches every time
     log_interval: int = 1  # steps between log lines (each one waits for the GPU)
     # --- system ---
     device: str = "cpu"  # torchrun picks cuda:<local rank> itself
-    dtype: str = "float32"  # autocast dtype, "bfloat16" or "float32" = none (on a CPU without bf16, bf16 is 40x slower)
+    dtype: str = "float32"  # autocast dtype, "bfloat16" or "float32" = none (on a CPU without
+    #   bf16, bf16 is 40x slower)
     backend: str = "torch"  # the mixers' form: "naive", "torch" or "triton" (mixers.py)
     compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
     seed: int = 1337  # new mixer weights and the order of batches
@@ -112,63 +125,77 @@ def stops(what="", errors=(FileNotFoundError, ValueError)):
 
 
 def settings(argv):
-    """The run's Settings, checked before any long work, and this stage's checkpoint when resuming."""
-    given = cli.parse(argv, Settings, fail)
-    on_gpu = torch.cuda.is_available() and not str(given.get("device", "cuda")).startswith("cpu")
-    d = {**{f.name: f.default for f in fields(Settings) if f.default is not MISSING}, **(GPU_DEFAULTS if on_gpu else {}),
-         **given}
+    """The run's Settings, checked before any long work, and this stage's checkpoint when
+    resuming."""
+    given = cli.parse(argv, Settings, fail, GPU_DEFAULTS)
+    on_gpu = cli.on_gpu(given)
+    d = {**cli.defaults(Settings), **(GPU_DEFAULTS if on_gpu else {}), **given}
     if d["stage"] not in distill.STAGES:
         fail(f"--stage={d['stage']!r}: expected one of {', '.join(distill.STAGES)}")
-    s = Settings(**{**distill.defaults(d["stage"], d["mixer"], d["out_dir"]), "max_iters": CPU_ITERS, **d})
+    stage_defaults = distill.defaults(d["stage"], d["mixer"], d["out_dir"])
+    s = Settings(**{**stage_defaults, "max_iters": CPU_ITERS, **d})
     if on_gpu and "max_iters" not in given:  # the stage's token budget
+        world = int(os.environ.get("WORLD_SIZE", 1))
         with stops():
-            s.max_iters = distill.steps(s.stage, s.data_dir, s.batch_size * s.block_size * s.grad_accum *
-                                        int(os.environ.get("WORLD_SIZE", 1)))
+            s.max_iters = distill.steps(s.stage, s.data_dir,
+                                        s.batch_size * s.block_size * s.grad_accum * world)
     state = None  # this stage's own checkpoint (optimizer, step, history)
     if s.resume and os.path.exists(ckpt_path(s)):
         try:
             state = torch.load(ckpt_path(s), map_location="cpu", weights_only=True)
             state["settings"], state["step"]  # every checkpoint of this loop has both
         except Exception as e:
-            fail(f"{ckpt_path(s)}: cannot resume from it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            first = str(e).splitlines()[0] if str(e) else ""
+            fail(f"{ckpt_path(s)}: cannot resume from it ({type(e).__name__}: {first}); "
                  f"--resume=false starts this stage over")
-        # the checkpoint's settings, less any since removed and the "" that older ones stored for a default
+        # the checkpoint's settings, less any since removed and the "" that older ones stored for
+        # a default
         stored = {k: v for k, v in state["settings"].items() if k in asdict(s) and v != ""}
         s = Settings(**{**asdict(s), **stored, **given})
     check(s)
     start = distill.STAGES[s.stage]["start"]
-    if state is None and s.init_from == ckpt_path(s, start) and not os.path.exists(s.init_from):  # not made yet
-        extra = "".join(f" --{k}={getattr(s, k)}" for k in ("teacher", "out_dir") if getattr(s, k) != getattr(Settings, k))
-        fail(f"{s.init_from} not found: stage {s.stage} starts from stage {start}'s checkpoint; make it with\n"
+    missing = s.init_from == ckpt_path(s, start) and not os.path.exists(s.init_from)  # not made yet
+    if state is None and missing:
+        extra = "".join(f" --{k}={getattr(s, k)}" for k in ("teacher", "out_dir")
+                        if getattr(s, k) != getattr(Settings, k))
+        fail(f"{s.init_from} not found: stage {s.stage} starts from stage {start}'s checkpoint; "
+             f"make it with\n"
              f"  python train.py --mixer={s.mixer} --stage={start}{extra}\n"
              f"or start elsewhere with --init_from=<checkpoint>")
     return s, state
 
 
 # settings with a range or a form: (key, test, what the error says is expected)
-RANGES = [("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
-          ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
-          ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True, "step numbers such as 1000,2000")] + [
+RANGES = [
+    ("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
+    ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
+    ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
+     "step numbers such as 1000,2000")] + [
     (k, lambda v: v >= 1, "an integer >= 1") for k in (
-    "block_size", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval", "window", "max_iters")] + [
+        "block_size", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval",
+        "window", "max_iters")] + [
     (k, lambda v: v >= 0, "a number >= 0") for k in (
         "learning_rate", "weight_decay", "grad_clip", "ce_weight", "kl_weight", "peak_tflops")] + [
-    (k, lambda v: 0 <= v <= 1, "a number from 0 to 1") for k in ("warmup_frac", "decay_frac", "min_lr_frac")] + [
+    (k, lambda v: 0 <= v <= 1, "a number from 0 to 1")
+    for k in ("warmup_frac", "decay_frac", "min_lr_frac")] + [
     (k, lambda v: 0 <= v < 1, "a number from 0 to below 1") for k in ("beta1", "beta2")] + [
     ("temperature", lambda v: v > 0, "a number > 0")]
 
 
 def check(s):
     """A one-line failure for the first setting that cannot work."""
-    for key, ok, want in RANGES:
-        if not ok(getattr(s, key)):
-            fail(f"--{key}={getattr(s, key)!r}: expected {want}")
-    for key, test in (("mixer", M.check_mixer), ("backend", lambda b: mixers.check_backend(b, s.device)),
-                      ("softmax_layers", M.check_softmax_layers)):
+    cli.check(s, RANGES, fail)
+    for key, test in (("mixer", M.check_mixer),
+                      ("backend", lambda b: mixers.check_backend(b, s.device)),
+                      ("softmax_layers", cli.check_softmax_layers)):
         with stops(f"--{key}={getattr(s, key)!r}"):
             test(getattr(s, key))
     with stops():
         checkpoint.check_device(s.device)
+    if s.init_from == "default":
+        fail("--init_from=default: the offline teacher is --teacher=default, and "
+             "--init_from=teacher builds a new student from it; --init_from=<checkpoint> starts "
+             "elsewhere")
 
 
 def lr_at(step, s):
@@ -200,10 +227,10 @@ def build_student(s, teacher, resuming):
     if not resuming and s.init_from == "teacher":
         torch.manual_seed(s.seed)  # the mixers' new weights
         with stops(f"--softmax_layers={s.softmax_layers!r}"):
-            hybrid = M.check_softmax_layers(s.softmax_layers, teacher.config.n_layer)
+            hybrid = cli.check_softmax_layers(s.softmax_layers, teacher.config.n_layer)
         with stops(f"--teacher={s.teacher}"):
-            return checkpoint.student_from_teacher(teacher, s.mixer, softmax_layers=hybrid, window=s.window,
-                                                   short_conv=s.short_conv)
+            return checkpoint.student_from_teacher(teacher, s.mixer, softmax_layers=hybrid,
+                                                   window=s.window, short_conv=s.short_conv)
     src = ckpt_path(s) if resuming else s.init_from
     with stops(f"--init_from={src}"):
         student = checkpoint.load(src)
@@ -223,23 +250,26 @@ def models_and_data(s, resuming, device, master):
             checkpoint.check_writable(os.path.dirname(ckpt_path(s)), f"--out_dir={s.out_dir}")
     with stops(f"--teacher={s.teacher}"):
         teacher = checkpoint.load(s.teacher)
-    if teacher.config.mixer != "attention" or teacher.config.softmax_layers:
-        fail(f"--teacher={s.teacher} holds a {teacher.config.mixer} student, not a softmax-attention model (a GGUF, "
-             f"a snapshot, a hub id or a checkpoint of --mixer=attention)")
+    with stops():  # a GGUF, a snapshot, a hub id or a checkpoint of --mixer=attention
+        checkpoint.check_teacher(teacher, s.teacher)
     student = build_student(s, teacher, resuming).set_backend(s.backend)
     for k in ("vocab_size", "n_layer", "n_embd"):
-        if getattr(student.config, k) != getattr(teacher.config, k):
-            fail(f"student and teacher differ in {k} ({getattr(student.config, k)} vs {getattr(teacher.config, k)})")
+        ours, theirs = getattr(student.config, k), getattr(teacher.config, k)
+        if ours != theirs:
+            fail(f"student and teacher differ in {k} ({ours} vs {theirs})")
     for d in corpora:
         if d.max_id >= student.config.vocab_size:
-            fail(f"{d.path}: token id {d.max_id} is outside the model's vocabulary ({student.config.vocab_size})")
-    teacher = teacher.to(device=device, dtype=getattr(torch, s.dtype) if "cuda" in str(device) else torch.float32)
+            fail(f"{d.path}: token id {d.max_id} is outside the model's vocabulary "
+                 f"({student.config.vocab_size})")
+    dtype = getattr(torch, s.dtype) if "cuda" in str(device) else torch.float32
+    teacher = teacher.to(device=device, dtype=dtype)
     return teacher.eval().requires_grad_(False), student.to(device), *corpora
 
 
 def save(path, student, optimizer, step, s, history):
     """One checkpoint through checkpoint.save (written whole, then renamed)."""
-    checkpoint.save(path, student, optimizer=optimizer.state_dict(), step=step, settings=asdict(s), history=history)
+    checkpoint.save(path, student, optimizer=optimizer.state_dict(), step=step, settings=asdict(s),
+                    history=history)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +277,8 @@ def save(path, student, optimizer, step, s, history):
 
 
 def distributed(s):
-    """(ddp, rank, world size, device): under torchrun one process per GPU (or CPU processes, gloo)."""
+    """(ddp, rank, world size, device): under torchrun one process per GPU (or CPU processes,
+    gloo)."""
     if "RANK" not in os.environ:
         return False, 0, 1, s.device
     dist.init_process_group("nccl" if s.device.startswith("cuda") else "gloo")
@@ -273,31 +304,34 @@ def clip(params, max_norm, device):
 
 
 class Watch:
-    """The divergence watch: record() keeps the first step whose loss or gradient norm is not finite,
-    on the device (no sync a step); check() reads it where the loop waits anyway (log lines, evals)
-    and stops the run, naming the checkpoint that kept good weights; rising() warns of a 10x climb."""
+    """The divergence watch: record() keeps the first step whose loss or gradient norm is not
+    finite, on the device (no sync a step); check() reads it where the loop waits anyway (log
+    lines, evals) and stops the run, naming the checkpoint that kept good weights; rising() warns
+    of a 10x climb."""
 
     def __init__(self, s, device, saved_step):
         self.s, self.saved_step, self.low, self.warned = s, saved_step, math.inf, False
         self.bad = torch.full((), -1, dtype=torch.long, device=device)
 
     def record(self, step, loss, norm):
-        finite = torch.isfinite(norm).to(self.bad.device) & torch.isfinite(torch.as_tensor(loss)).to(self.bad.device)
+        dev = self.bad.device
+        finite = torch.isfinite(norm).to(dev) & torch.isfinite(torch.as_tensor(loss)).to(dev)
         self.bad = torch.where((self.bad < 0) & ~finite, step, self.bad)
 
     def check(self, step, loss=None):
         first, s = int(self.bad), self.s
         if first >= 0 or (loss is not None and not math.isfinite(loss)):
-            kept = f"{ckpt_path(s)} keeps the weights of step {self.saved_step}" if self.saved_step else \
-                "no checkpoint was written"
-            fail(f"step {first + 1 if first >= 0 else step}: the loss or the gradient norm is not finite; stopped, "
-                 f"and {kept}. The learning rate ({s.learning_rate:g}) is likely too high: lower --learning_rate"
-                 f"{'' if s.grad_clip > 0 else ', or clip with --grad_clip=1'}")
+            kept = (f"{ckpt_path(s)} keeps the weights of step {self.saved_step}" if self.saved_step
+                    else "no checkpoint was written")
+            clip_it = "" if s.grad_clip > 0 else ", or clip with --grad_clip=1"
+            fail(f"step {first + 1 if first >= 0 else step}: the loss or the gradient norm is not "
+                 f"finite; stopped, and {kept}. The learning rate ({s.learning_rate:g}) is likely "
+                 f"too high: lower --learning_rate{clip_it}")
 
     def rising(self, step, loss, lr):
         if not self.warned and loss > 10 * self.low:
-            print(f"warning: the loss rose from {self.low:.4g} to {loss:.4g} by step {step}; the learning rate "
-                  f"({lr:.2e} now) may be too high")
+            print(f"warning: the loss rose from {self.low:.4g} to {loss:.4g} by step {step}; the "
+                  f"learning rate ({lr:.2e} now) may be too high")
             self.warned = True
         self.low = min(self.low, loss)
 
@@ -317,9 +351,12 @@ class Meter:
         dt = (now - self.t_last) / (step - self.step_last)  # seconds per step since the last line
         self.t_last, self.step_last = now, step
         tok_s, eta = self.tokens / dt, int(dt * (s.max_iters - step))
-        mfu = f"{self.flops * tok_s / (self.world * s.peak_tflops * 1e12):.1%}" if s.peak_tflops > 0 else "-"
-        return (f"step {step}/{s.max_iters} [{'#' * (20 * step // s.max_iters):.<20}] loss {loss:.4f} | lr {lr:.2e} | "
-                f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
+        peak = self.world * s.peak_tflops * 1e12
+        mfu = f"{self.flops * tok_s / peak:.1%}" if s.peak_tflops > 0 else "-"
+        bar = f"{'#' * (20 * step // s.max_iters):.<20}"
+        return (f"step {step}/{s.max_iters} [{bar}] loss {loss:.4f} | lr {lr:.2e} | "
+                f"{tok_s:,.0f} tok/s | mfu {mfu} | {dt * 1000:.0f} ms | "
+                f"eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
 
 
 def eval_and_save(s, step, history, evaluate, student, optimizer, watch):
@@ -353,7 +390,8 @@ def main(argv=None, after_step=None):
     True (scripts/profile_train.py)."""
     s, state = settings(sys.argv[1:] if argv is None else argv)
     if state is not None and s.max_iters <= state["step"]:
-        print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); --resume=false starts over")
+        print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); "
+              f"--resume=false starts over")
         return state["history"]
     ddp, rank, world, device = distributed(s)
     master = rank == 0
@@ -361,17 +399,21 @@ def main(argv=None, after_step=None):
     log(cli.describe(s))
     teacher, student, train_data, val_data = models_and_data(s, state is not None, device, master)
     dev_type = "cuda" if "cuda" in device else "cpu"
-    ctx = torch.autocast(dev_type, dtype=getattr(torch, s.dtype)) if s.dtype != "float32" else nullcontext()
+    autocast = s.dtype != "float32"
+    ctx = torch.autocast(dev_type, dtype=getattr(torch, s.dtype)) if autocast else nullcontext()
     val_batches = val_data.fixed(s.eval_iters, s.batch_size, device)  # the same at every eval
 
     params = distill.set_trainable(student, s.stage)  # what learns: (name, parameter) pairs
     optimizer = adamw(params, s, fused=dev_type == "cuda")
-    loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature, s.backend)
+    loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature,
+                                   s.backend)
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
     train_model = torch.compile(loss_model) if s.compile else loss_model
-    teacher_pass = torch.compile(distill.teacher_pass) if s.compile else distill.teacher_pass  # frozen: forward only
+    # the frozen teacher: forward only
+    teacher_pass = torch.compile(distill.teacher_pass) if s.compile else distill.teacher_pass
     if ddp:
-        train_model = DDP(train_model, device_ids=[torch.cuda.current_device()] if dev_type == "cuda" else None)
+        ids = [torch.cuda.current_device()] if dev_type == "cuda" else None
+        train_model = DDP(train_model, device_ids=ids)
     step, history = 0, {"train": [], "val": []}
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
@@ -380,15 +422,18 @@ def main(argv=None, after_step=None):
     state = None  # free the checkpoint's copy of the weights
 
     tokens_per_step = s.batch_size * s.block_size * s.grad_accum * world
-    log(f"stage {s.stage}, {s.mixer} student of {s.teacher}: {student.num_params() / 1e6:.1f}M parameters, "
-        f"{sum(p.numel() for _, p in params) / 1e6:.1f}M learn | {s.max_iters} steps of {tokens_per_step:,} tokens "
+    learn = sum(p.numel() for _, p in params)
+    log(f"stage {s.stage}, {s.mixer} student of {s.teacher}: {student.num_params() / 1e6:.1f}M "
+        f"parameters, {learn / 1e6:.1f}M learn | {s.max_iters} steps of {tokens_per_step:,} tokens "
         f"({s.max_iters * tokens_per_step:,} in all) | lr {s.learning_rate:g} {s.schedule} | "
         f"{world} x {device} {s.dtype} | data {s.data_dir}")
     watch = Watch(s, device, saved_step=step or None)  # step > 0: resumed from that checkpoint
-    meter = Meter(s, step, tokens_per_step, distill.flops_per_token(s.stage, student, teacher, s.block_size), world)
+    flops = distill.flops_per_token(s.stage, student, teacher, s.block_size)
+    meter = Meter(s, step, tokens_per_step, flops, world)
     evaluate = lambda: distill.evaluate(loss_model, teacher, val_batches, ctx)  # noqa: E731
     if master and step == 0:
-        eval_and_save(s, step, history, evaluate, student, optimizer, watch)  # where the student starts
+        # where the student starts
+        eval_and_save(s, step, history, evaluate, student, optimizer, watch)
         meter.restart(step)
     while step < s.max_iters:
         lr = lr_at(step, s)  # a function of the step alone: resuming needs no schedule state
@@ -401,7 +446,8 @@ def main(argv=None, after_step=None):
             sync = not ddp or micro == s.grad_accum - 1
             with nullcontext() if sync else train_model.no_sync():
                 with ctx:
-                    loss, parts = train_model(x, y, teacher_pass(teacher, x, s.stage))  # the teacher: no_grad inside
+                    # the teacher's pass runs under no_grad inside
+                    loss, parts = train_model(x, y, teacher_pass(teacher, x, s.stage))
                 (loss / s.grad_accum).backward()  # gradients add up over micro-steps: their mean
             loss_sum = loss_sum + parts["loss"] / s.grad_accum  # a device tensor: no sync here
         norm = clip(params, s.grad_clip, device)  # on the averaged gradient, after DDP's all-reduce
@@ -419,10 +465,12 @@ def main(argv=None, after_step=None):
                 watch.rising(step, loss_val, lr)
             history["train"].append((step, loss_val))
             log(meter.line(step, loss_val, lr))
-        if master and (step % s.eval_interval == 0 or step == s.max_iters or str(step) in s.keep_at.split(",")):
+        kept = str(step) in s.keep_at.split(",")
+        if master and (step % s.eval_interval == 0 or step == s.max_iters or kept):
             eval_and_save(s, step, history, evaluate, student, optimizer, watch)
             meter.restart(step)
-    if ddp:  # every rank waits for rank 0's last eval and checkpoint: gloo can abort a rank that leaves first
+    # every rank waits for rank 0's last eval and checkpoint (gloo may abort one that leaves early)
+    if ddp:
         dist.barrier()
         dist.destroy_process_group()
     return history

@@ -80,15 +80,16 @@ def measure(net, L, B=1, steps=16, seed=0):
 
 
 @torch.no_grad()
-def measure_fast(net, L, B=1, steps=16, seed=0, compile=None):
-    """measure() through decode.Decoder: static caches, and on CUDA the step replayed from a CUDA
-    graph. The prefill column counts the prompt, the static caches and the graph's capture."""
+def measure_fast(net, L, B=1, steps=16, seed=0, graph=False, compile=False):
+    """measure() through decode.Decoder: static caches; graph: the step replayed from a CUDA
+    graph; compile: each block through torch.compile. The prefill column counts the prompt, the
+    static caches and the graph's capture."""
     dev = next(net.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, net.config.vocab_size, (B, L), generator=gen).to(dev)
     sync(dev)
     t0 = time.perf_counter()
-    dec = decode.Decoder(net, prompt, steps + 2, compile=compile)
+    dec = decode.Decoder(net, prompt, steps + 2, graph=graph, compile=compile)
     sync(dev)
     prefill = time.perf_counter() - t0
     tok = prompt[:, -1]
@@ -104,7 +105,15 @@ def measure_fast(net, L, B=1, steps=16, seed=0, compile=None):
     return prefill, sorted(times)[len(times) // 2], cache_bytes(dec.caches)
 
 
-TIMERS = {"fast": measure_fast, "graph": functools.partial(measure_fast, compile=False), "plain": measure}
+TIMERS = ("fast", "graph", "plain")  # --decoders' choices
+
+
+def timers(device):
+    """{--decoders' choice: its timer on device}: fast as decode.options("fast") decides it (on
+    CUDA a CUDA graph over compiled blocks), graph the same with blocks not compiled, plain."""
+    fast = decode.options("fast", device)
+    return {"fast": functools.partial(measure_fast, graph=fast["graph"], compile=fast["compile"]),
+            "graph": functools.partial(measure_fast, graph=fast["graph"]), "plain": measure}
 
 
 def read_rows(paths):
@@ -212,7 +221,7 @@ def main(argv=None):
             runs.append((m, student, None))
         else:
             runs += [(f"{m}, {b}" if len(backends) > 1 else m, student, b) for b in backends]
-    runs = [(f"{name}, {d}" if len(decoders) > 1 else name, net, b, TIMERS[d])
+    runs = [(f"{name}, {d}" if len(decoders) > 1 else name, net, b, timers(args.device)[d])
             for name, net, b in runs for d in decoders]
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     emit(f"\n{args.preset}, batch {args.B}, {args.dtype} on {where}, {time.strftime('%Y-%m-%d')}\n")

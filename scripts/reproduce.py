@@ -232,12 +232,11 @@ def write_results(path, result, pipe, args, ckpt, t0):
 
 
 def measure(pipe, tag, model, args, py, teacher_eval=None):
-    """Steps eval_<tag> and niah_<tag> on checkpoint `model`; teacher_eval: an earlier evaluation
-    of this run, to take the teacher's task scores from (evaluate.py --teacher_eval)."""
+    """Steps eval_<tag> and niah_<tag> on `model`, a checkpoint or "teacher" (evaluate.py's and
+    niah.py's --init_from); teacher_eval: an earlier evaluation of this run, to take the teacher's
+    task scores from (evaluate.py --teacher_eval)."""
     ev, niah_dir = os.path.join(pipe.dir, f"{tag}.eval.json"), os.path.join(pipe.dir, f"{tag}.niah")
-    teacher = ["--teacher=none"] if model == "default" else []
-    if teacher_eval and os.path.exists(teacher_eval):
-        teacher.append(f"--teacher_eval={teacher_eval}")
+    teacher = [f"--teacher_eval={teacher_eval}"] if teacher_eval and os.path.exists(teacher_eval) else []
     evaluation, niah = step_key(f"eval_{tag}", args), step_key(f"niah_{tag}", args)
     pipe.step(f"eval_{tag}", [py, "evaluate.py", f"--init_from={model}"] + evaluation + [f"--out={ev}"] + teacher,
               key=evaluation)
@@ -329,12 +328,12 @@ def check_settings(args):
     import niah
     import train
 
-    for script, parse, argv in (("evaluate.py", evaluate.get_args, ["--init_from=default"] + eval_args(args)),
-                                ("niah.py", niah.get_args, ["--init_from=default"] + words("--niah", args.niah))):
+    for script, parse, argv in (("evaluate.py", evaluate.settings, eval_args(args)),
+                                ("niah.py", niah.settings, words("--niah", args.niah))):
         try:
             parse(argv)
         except SystemExit as e:
-            if e.code:  # argparse printed its message above
+            if e.code:  # the script printed its message above
                 sys.exit(f"reproduce.py: {script} refuses these settings: {' '.join(argv)}")
     given = cli.parse(words("--extra", args.extra), train.Settings, train.fail)  # train.py's own one-line errors
     for key in ("max_iters", "keep_at"):
@@ -349,7 +348,6 @@ def check_settings(args):
             sys.exit(f"reproduce.py: --extra: --{key}={given[key]}: expected an integer >= 1")
     if args.softmax_layers:  # against the teacher's layers, before a results file is written
         import checkpoint
-        import model as M
 
         teacher = given.get("teacher", train.Settings.teacher)
         try:
@@ -357,7 +355,7 @@ def check_settings(args):
         except (OSError, ValueError) as e:
             sys.exit(f"reproduce.py: --extra: --teacher={teacher}: {str(e).splitlines()[0]}")
         try:
-            M.check_softmax_layers(args.softmax_layers, n_layer)
+            cli.check_softmax_layers(args.softmax_layers, n_layer)
         except ValueError as e:
             sys.exit(f"reproduce.py: --softmax_layers={args.softmax_layers!r}: {e}")
     return given
@@ -472,7 +470,7 @@ def main(argv=None):
         pipe, ckpt = Pipeline(args.work, name, {}), {}
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
-        measure(pipe, "teacher", "default", args, py)
+        measure(pipe, "teacher", "teacher", args, py)
     else:
         gpu = torch.cuda.is_available()
         d = {**(train.GPU_DEFAULTS if gpu else {}), **given}

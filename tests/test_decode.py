@@ -1,4 +1,4 @@
-"""decode.py: decoding on static caches gives model.SmolLM2.generate's tokens and logits, for the
+"""decode.py: decoding on static caches gives the plain loop's tokens and logits, for the
 teacher, sliding-window attention (window inside and beyond the context), every student and a
 hybrid, also with each block compiled; its buffers keep their shapes and storage from step to
 step; on a GPU the same from a CUDA graph over the compiled blocks."""
@@ -43,8 +43,8 @@ def plain_logits(net, idx, tokens):
 def test_static_caches_decode_as_the_plain_loop(name):
     net = nets()[name]
     idx = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(1))
-    want = torch.stack(list(net.generate(idx, 12, temperature=0)), 1)
-    got = torch.stack(list(decode.generate(net, idx, 12, temperature=0, fast=True)), 1)
+    want = torch.stack(list(decode.plain(net, idx, 12, temperature=0)), 1)
+    got = torch.stack(list(decode.generate(net, idx, 12, temperature=0, static=True)), 1)
     assert torch.equal(got, want)
     dec = decode.Decoder(net, idx, 12, graph=False)
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(11)]
@@ -57,7 +57,7 @@ def test_compiled_blocks_decode_as_the_plain_loop(name):
     # the GPU's default: each block through torch.compile (here its CPU code), the caches in place
     net = nets()[name]
     idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
-    want = torch.stack(list(net.generate(idx, 8, temperature=0)), 1)
+    want = torch.stack(list(decode.plain(net, idx, 8, temperature=0)), 1)
     dec = decode.Decoder(net, idx, 8, graph=False, compile=True)
     assert dec.block is not decode.block_step
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(7)]
@@ -73,7 +73,7 @@ def test_caches_longer_than_a_slice_of_slots_decode_as_the_plain_loop(window):
     teacher = M.SmolLM2(M.Config(**{**CFG, "n_layer": 1}))
     net = (checkpoint.student_from_teacher(teacher, "swa", window=window) if window else teacher).eval()
     idx = torch.randint(0, 64, (2, 1030), generator=torch.Generator().manual_seed(3))
-    want = torch.stack(list(net.generate(idx, 6, temperature=0)), 1)
+    want = torch.stack(list(decode.plain(net, idx, 6, temperature=0)), 1)
     dec = decode.Decoder(net, idx, 6, graph=False)
     assert dec.caches[0]["k"].shape[2] == 2 * decode.SLOTS + 512 * (window == 0)  # 1036 or 700 slots rounded up
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(5)]
@@ -101,10 +101,11 @@ def test_graphed_step_on_gpu_gives_the_plain_tokens(name):
     # fp32 on the GPU (bf16 ties could flip an argmax): the CUDA graph replays the static step
     net = nets("cuda")[name]
     idx = torch.randint(0, 64, (4, 33), generator=torch.Generator().manual_seed(1)).cuda()
-    want = torch.stack(list(net.generate(idx, 16, temperature=0)), 1)
-    dec = decode.Decoder(net, idx, 16)
+    want = torch.stack(list(decode.plain(net, idx, 16, temperature=0)), 1)
+    opts = decode.options("auto", idx.device)  # sample.py's and niah.py's default on CUDA
+    dec = decode.Decoder(net, idx, 16, graph=opts["graph"], compile=opts["compile"])
     assert dec.graph is not None and dec.block is not decode.block_step  # graphed, blocks compiled
-    got = torch.stack(list(decode.generate(net, idx, 16, temperature=0)), 1)
+    got = torch.stack(list(decode.generate(net, idx, 16, temperature=0, **opts)), 1)
     assert torch.equal(got, want)
     logits = [dec.logits.clone()] + [dec.step(want[:, i]).clone() for i in range(15)]
     torch.testing.assert_close(torch.stack(logits, 1), plain_logits(net, idx, want), rtol=1e-3, atol=1e-3)
@@ -123,7 +124,7 @@ def test_static_attention_in_bf16_on_gpu_is_as_close_as_flash_attention(window):
     tokens = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(4)).cuda()
     exact = plain_logits(net, idx, tokens)
     net16 = net.to(torch.bfloat16)
-    dec = decode.Decoder(net16, idx, 6)
+    dec = decode.Decoder(net16, idx, 6, graph=True, compile=True)
     static = torch.stack([dec.logits.float()] + [dec.step(tokens[:, i]).float() for i in range(5)], 1)
     plain = plain_logits(net16, idx, tokens).float()
     err = lambda a: ((a - exact).norm() / exact.norm()).item()  # noqa: E731

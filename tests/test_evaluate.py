@@ -313,5 +313,5 @@ def test_bad_input_stops_with_one_line(tmp_path):
     assert "python data/mc_offline/prepare.py" in e.value.code and "\n" not in e.value.code
     for bad in (["--mc_limit=-1"], ["--mc_source=hub", "--tasks=toy"]):
         with pytest.raises(SystemExit) as e:
-            E.get_args(bad)
+            E.settings(bad)
         assert e.value.code == 2  # argparse's p.error

@@ -234,7 +234,7 @@ def test_a_missing_corpus_stops_an_essay_task_before_any_model_loads(tmp_path, m
     def load(args):
         raise Loaded
 
-    monkeypatch.setattr(niah.checkpoint, "load_from_args", load)
+    monkeypatch.setattr(niah.checkpoint, "load_from_settings", load)
     missing = str(tmp_path / "val.bin")
     for task in ("s_niah_2", "s_niah_3"):
         with pytest.raises(SystemExit) as e:
@@ -256,6 +256,6 @@ def test_a_missing_corpus_is_a_one_line_error(tmp_path):
                                         ("--lengths=64", "lengths >= 128"), ("--tasks=s_niah_1,passkey", "--tasks")])
 def test_bad_settings_stop_with_a_message(bad, named, capsys):
     with pytest.raises(SystemExit):
-        niah.get_args([bad])
+        niah.settings([bad])
     err = capsys.readouterr().err
     assert "error:" in err and named in err

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import checkpoint
+import decode
 import mixers
 import model as M
 import sample
@@ -20,7 +21,7 @@ def test_greedy_chat_streams_the_models_own_greedy_answer(capsys, teacher, tok):
     out, err = capsys.readouterr()
     ids, _ = tok.encode_chat([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)
     greedy = []
-    for t in teacher.generate(torch.tensor([ids]), 12, temperature=0):
+    for t in decode.plain(teacher, torch.tensor([ids]), 12, temperature=0):
         if t.item() in (tok.im_end_id, tok.eot_id):
             break
         greedy.append(t.item())
