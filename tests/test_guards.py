@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import checkpoint
-import model as M
 import train
 from data import Data, read_tokens
 from test_train import MIXER, args, one_thread, setup, tiny_teacher, write_corpus  # noqa: F401 (fixtures)

@@ -8,7 +8,6 @@ import torch
 
 import checkpoint
 import decode
-import mixers
 import model as M
 import sample
 
@@ -44,8 +43,6 @@ def test_student_decodes_from_its_recurrent_state(capsys, teacher, tok):
     # an untrained gated_deltanet student built from the real teacher: greedy tokens streamed by
     # sample.py (chunked prefill, then one-token steps from the carried state) equal greedy
     # tokens recomputed by full forward passes over the whole growing sequence
-    import mixers
-
     sample.main(["--mixer=gated_deltanet", "--prompt=The sky is", "--temperature=0", "--max_new_tokens=6",
                  "--device=cpu", "--dtype=float32"])
     out, err = capsys.readouterr()
