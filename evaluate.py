@@ -416,6 +416,7 @@ def read_teacher_eval(s, task_list):
 
 
 def main(argv=None):
+    clock = cli.Clock()  # where the seconds go: the last line
     s, task_list = settings(argv)
     dtype = getattr(torch, s.dtype)
     missing = [t for t in task_list if s.mc_source == "offline" and not os.path.exists(os.path.join(s.mc_dir, f"{t}.jsonl"))]
@@ -450,12 +451,14 @@ def main(argv=None):
     label = checkpoint.label(s)
     print(f"evaluating {label} ({net.config.mixer})", file=sys.stderr)
     tasks = load_tasks(s, task_list)
+    clock.mark("startup")  # settings, the models, the held-out text and the tasks
     # the held-out pass first, the teacher's too (for the KL): it checks a --teacher_eval file
     lm = lm_metrics(net, data, s.seq_len, s.max_windows, s.batch_size, teacher)
     if cached is not None and not math.isclose(lm["teacher_loss"], cached["lm"]["loss"], rel_tol=1e-4):
         sys.exit(f"error: --teacher_eval={s.teacher_eval}: the teacher's held-out loss there is "
                  f"{cached['lm']['loss']:.6f}, here {lm['teacher_loss']:.6f}: another teacher or other code; "
                  f"evaluate the teacher again (drop --teacher_eval)")
+    clock.mark("held-out text")
     results = {"model": evaluate(net, tok, s, data, tasks, lm)}
     if cached is not None:
         print(f"the teacher {s.teacher}: task scores from {s.teacher_eval}", file=sys.stderr)
@@ -464,6 +467,7 @@ def main(argv=None):
         print(f"evaluating the teacher {s.teacher}", file=sys.stderr)
         t_lm = {"tokens": lm["tokens"], "loss": lm["teacher_loss"], "ppl": float(np.exp(lm["teacher_loss"]))}
         results["teacher"] = evaluate(teacher, tok, s, data, tasks, t_lm)
+    clock.mark("tasks")
     print(f"\nheld-out {lm['tokens']:,} tokens: loss {lm['loss']:.4f}, ppl {lm['ppl']:.2f}"
           + (f", KL to teacher {lm['kl']:.4f} nats/token (teacher ppl {results['teacher']['lm']['ppl']:.2f})" if teacher else ""))
     if task_list:
@@ -476,6 +480,8 @@ def main(argv=None):
     if s.out:
         with open(s.out, "w") as f:
             json.dump({"settings": {**asdict(s), "task_list": task_list}, **results}, f, indent=1)
+    clock.mark("writing")
+    print(clock.line())
     return results
 
 

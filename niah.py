@@ -352,6 +352,7 @@ def heatmap(acc, tasks, lengths, depths, path, title):
 
 
 def main(argv=None):
+    clock = cli.Clock()  # where the seconds go: the last line
     s, tasks, lengths, depths = settings(argv)
     essays = any(TASKS[t][0] == "essay" for t in tasks)
     if essays and not os.path.exists(s.data):
@@ -374,12 +375,14 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     print(f"{net.config.mixer} model ({name}), tasks {tasks}, lengths {lengths}, depths {depths}, "
           f"{s.samples} prompt(s) per cell, {s.device} {s.dtype}", file=sys.stderr)
+    clock.mark("startup")  # settings, the model, the haystacks
     t0 = time.time()
     # --decoder, decided once for the device: static caches, CUDA graph, compiled blocks
     answer = model_answerer(net, tok, s.device, **decode.options(s.decoder, s.device))
     records = run(answer, tok, haystacks, tasks, lengths, depths, s.samples, s.batch_size,
                   not s.plain, s.seed)
     seconds = time.time() - t0
+    clock.mark("prompts")  # prefills and greedy answers, compiling and CUDA graphs included
     acc = summarize(records)
     print(f"\nneedle in a haystack (RULER single needle), {name}: string match (%), "
           f"{len(records)} prompts in {seconds:.0f}s")
@@ -399,6 +402,8 @@ def main(argv=None):
     heatmap(acc, tasks, lengths, depths, os.path.join(out_dir, "heatmap.png"),
             f"needle in a haystack: {name}")
     print(f"\nwrote {out_dir}/results.json, results.csv, heatmap.png")
+    clock.mark("writing")
+    print(clock.line())
     return acc
 
 

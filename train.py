@@ -359,8 +359,9 @@ class Meter:
                 f"eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
 
 
-def eval_and_save(s, step, history, evaluate, student, optimizer, watch):
-    """Rank 0: the val metrics, then the checkpoint (past step 0) and the plot of the losses."""
+def eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock):
+    """Rank 0: the val metrics, then the checkpoint (past step 0) and the plot of the losses;
+    their seconds go to the clock's "evals" and "checkpoints"."""
     watch.check(step)  # never a non-finite checkpoint over a finite one
     t0 = time.time()
     metrics = evaluate()
@@ -371,6 +372,7 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch):
     print(f"eval step {step}: val loss {metrics['loss']:.4f} | ppl {math.exp(metrics['ce']):.2f} "
           f"(teacher {math.exp(metrics['teacher_ce']):.2f}) | KL {metrics['kl']:.4f} | "
           f"top-1 agreement {metrics['top1']:.1%}{mem} | {time.time() - t0:.1f} s", flush=True)
+    clock.mark("evals")
     if step > 0:  # step 0 is where the student starts: nothing to keep yet
         with stops(errors=OSError):
             save(ckpt_path(s), student, optimizer, step, s, history)
@@ -378,6 +380,7 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch):
                 checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student)
         watch.saved_step = step
     plot(history, ckpt_path(s)[:-3] + ".png")
+    clock.mark("checkpoints")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +391,7 @@ def main(argv=None, after_step=None):
     """Train one stage; returns the loss history (a dict of lists, as stored in the checkpoint).
     after_step(step), when given, runs after every optimizer step and ends the loop by returning
     True (scripts/profile_train.py)."""
+    clock = cli.Clock()  # where this run's seconds go: its last line
     s, state = settings(sys.argv[1:] if argv is None else argv)
     if state is not None and s.max_iters <= state["step"]:
         print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); "
@@ -431,9 +435,12 @@ def main(argv=None, after_step=None):
     flops = distill.flops_per_token(s.stage, student, teacher, s.block_size)
     meter = Meter(s, step, tokens_per_step, flops, world)
     evaluate = lambda: distill.evaluate(loss_model, teacher, val_batches, ctx)  # noqa: E731
+    sync = torch.cuda.synchronize if dev_type == "cuda" else None  # before a clock's mark
+    clock.mark("startup")  # settings, models, data, optimizer
+    first = step + 1  # its time is compiling and warming up (torch.compile, Triton's JIT)
     if master and step == 0:
         # where the student starts
-        eval_and_save(s, step, history, evaluate, student, optimizer, watch)
+        eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)
         meter.restart(step)
     while step < s.max_iters:
         lr = lr_at(step, s)  # a function of the step alone: resuming needs no schedule state
@@ -456,6 +463,8 @@ def main(argv=None, after_step=None):
         optimizer.zero_grad(set_to_none=True)
         step += 1
 
+        if step == first:
+            clock.mark("first step", sync)
         if after_step is not None and after_step(step):
             break
         if step % s.log_interval == 0 or step == s.max_iters:
@@ -467,8 +476,11 @@ def main(argv=None, after_step=None):
             log(meter.line(step, loss_val, lr))
         kept = str(step) in s.keep_at.split(",")
         if master and (step % s.eval_interval == 0 or step == s.max_iters or kept):
-            eval_and_save(s, step, history, evaluate, student, optimizer, watch)
+            clock.mark("steps", sync)
+            eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)
             meter.restart(step)
+    clock.mark("steps", sync)
+    log(clock.line())
     # every rank waits for rank 0's last eval and checkpoint (gloo may abort one that leaves early)
     if ddp:
         dist.barrier()

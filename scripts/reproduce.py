@@ -25,7 +25,10 @@ train.py from that stage's last checkpoint. The run's JSON is written when it st
 every step, so a run cut short keeps what it measured; its "incomplete" names the steps to run.
 Evaluation: perplexity and KL to the teacher on held-out text (data/modern/val.bin), the study's
 six tasks with recovery (--mc_limit questions each), and needle in a haystack (--niah: the
-passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length).
+passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length). Each step
+ends with its own clock's line (cli.Clock: start-up and loading, the first step's compiling,
+training or evaluating proper, checkpoint writes); the JSON's "time_table" and the run's last
+lines say where its seconds went.
 
 Maturity (--maturity, fractions of the budget; default 1/8, 1/4, 1/2): stage 3 also keeps its
 weights at those points (train.py --keep_at), and each gets a light evaluation after stage 3:
@@ -51,6 +54,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import cli  # noqa: E402
 
 STAGES = ("1", "2", "3")
 COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU: 95 s against eager's 108k tok/s vs 169k
@@ -147,14 +151,16 @@ class Pipeline:
             return
         log = os.path.join(self.dir, name + ".log")
         print(f"{name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-        t0 = time.time()
+        t0, split = time.time(), None
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
             try:
                 for line in proc.stdout:  # the log whole, and its progress lines on the terminal
                     f.write(line)
-                    if line.startswith(("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|")):
+                    if line.startswith("time:"):  # the step's own clock (cli.Clock)
+                        split = cli.read_time(line)
+                    if line.startswith(("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|", "time:")):
                         print(f"  {line.rstrip()}", flush=True)
             finally:  # stopped (SIGTERM, Ctrl-C): the step's process stops too
                 if proc.poll() is None:
@@ -165,7 +171,8 @@ class Pipeline:
             print("\n".join(f"  {t}" for t in tail), file=sys.stderr)
             sys.exit(f"reproduce.py: step {name} failed (exit {proc.returncode}); its log: {log}; "
                      f"the same command goes on from this step")
-        self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": key}
+        self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": key,
+                           "split": split}
         write_json(self.state_path, {"settings": self.settings, "steps": self.done})
         if self.after:
             self.after()
@@ -222,6 +229,7 @@ def write_results(path, result, pipe, args, ckpt, t0):
         r["history"] = {s: stage_history(p) for s, p in ckpt.items()
                         if pipe.finished(f"stage{s}") and os.path.exists(p)}  # a folder copied without them
     r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
+    r["time_table"] = time_table(pipe.done)
     r["this_run_seconds"] = time.time() - t0
     steps = ["eval_teacher", "niah_teacher"] if args.teacher else [f"stage{s}" for s in STAGES] + [
         "eval_stage3", "niah_stage3"] + [f"{k}_mature{n}" for n in points for k in ("eval", "niah")] + [
@@ -229,6 +237,32 @@ def write_results(path, result, pipe, args, ckpt, t0):
     if missing := [n for n in steps if not pipe.finished(n, step_key(n, args))]:
         r["incomplete"] = "not run yet: " + ", ".join(missing)
     write_json(path, r)
+
+
+PHASES = {"startup": "start-up and loading", "first step": "compiling (first step)",
+          "steps": "training", "held-out text": "evaluating", "tasks": "evaluating", "prompts": "evaluating",
+          "evals": "evaluations in training", "checkpoints": "checkpoint writes", "writing": "checkpoint writes"}
+
+
+def time_table(done):
+    """Where a run's seconds went, a markdown table: each step's wall time split by its own clock
+    (cli.Clock's phases, grouped as PHASES) and the rest ("process": Python's start and imports,
+    the time outside the step's clock)."""
+    cols = list(dict.fromkeys(PHASES.values())) + ["process", "total"]
+    rows = ["| step | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    sums = dict.fromkeys(cols, 0.0)
+    for name, d in done.items():
+        split = d.get("split") or {}
+        cells = dict.fromkeys(cols, 0.0)
+        for phase, sec in split.items():
+            if phase in PHASES:
+                cells[PHASES[phase]] += sec
+        cells["process"], cells["total"] = d["seconds"] - split.get("total", 0.0), d["seconds"]
+        for c in cols:
+            sums[c] += cells[c]
+        rows.append(f"| {name} | " + " | ".join(f"{cells[c]:.0f}" for c in cols) + " |")
+    rows.append("| all | " + " | ".join(f"{sums[c]:.0f}" for c in cols) + " |")
+    return rows
 
 
 def measure(pipe, tag, model, args, py, teacher_eval=None):
@@ -522,6 +556,7 @@ def main(argv=None):
             if chat:
                 measure(pipe, s, ckpt[s], args, py, stage3_eval)
     write_results(out, result, pipe, args, ckpt, t0)
+    print("\nwhere the run's time went (s):\n" + "\n".join(time_table(pipe.done)))
     print(f"wrote {out}")
 
 

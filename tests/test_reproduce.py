@@ -132,6 +132,16 @@ def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
                                  "eval_sft", "niah_sft", "stagesft_kd", "eval_sft_kd", "niah_sft_kd",
                                  f"eval_mature{point}", f"niah_mature{point}"}
     assert r["commit"] and r["machine"] and r["command"].startswith("python scripts/reproduce.py")
+    # where the time went: each step split by its own clock, the parts adding up to its wall time
+    table = r["time_table"]
+    cols = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = {line.split("|")[1].strip(): [float(c) for c in line.strip("|").split("|")[1:]] for line in table[2:]}
+    assert set(rows) == set(r["seconds"]) | {"all"} and cols[-2:] == ["process", "total"]
+    for name, cells in rows.items():
+        assert abs(sum(cells[:-1]) - cells[-1]) <= len(cells), (name, cells)  # rounded to seconds
+    stage3 = dict(zip(cols[1:], rows["stage3"]))
+    assert stage3["training"] > 0 and stage3["total"] == round(r["seconds"]["stage3"])
+    assert "time: startup" in open(d / "work" / "gla" / "niah_sft.log").read()
 
 
 def test_a_second_call_finds_every_step_done_and_other_settings_are_refused(tiny):
