@@ -404,7 +404,7 @@ def student_from_teacher(teacher, mixer, **config_overrides):
 
 def load(source="default", mixer=None, device="cpu", dtype=torch.float32, backend=None):
     """The model at source (see the module docstring) on device in dtype; with mixer, an
-    untrained student of it with that mixer. backend: the form its mixers run in (model.set_backend)."""
+    untrained student of it with that mixer. backend: the backend its mixers run on (model.set_backend)."""
     config, state = read(source)
     net = M.SmolLM2(config)
     load_state_strict(net, state)

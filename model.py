@@ -266,7 +266,7 @@ class SmolLM2(nn.Module):
         return logits, loss
 
     def set_backend(self, backend):
-        """The form every token mixer runs in: "naive", "torch" or "triton" (mixers.BACKENDS), or
+        """The backend every token mixer runs on: "naive", "torch" or "triton" (mixers.BACKENDS), or
         None for the default (triton for CUDA tensors, torch otherwise). Softmax attention runs
         written out under "naive", through scaled_dot_product_attention otherwise."""
         mixers.check_backend(backend)

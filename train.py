@@ -90,7 +90,7 @@ class Settings:
     device: str = "cpu"  # torchrun picks cuda:<local rank> itself
     dtype: str = "float32"  # autocast dtype, "bfloat16" or "float32" = none (on a CPU without
     #   bf16, bf16 is 40x slower)
-    backend: str = "torch"  # the mixers' form: "naive", "torch" or "triton" (mixers.py)
+    backend: str = "torch"  # the mixers' backend: "naive", "torch" or "triton" (mixers.py)
     compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
     seed: int = 1337  # new mixer weights and the order of batches
     peak_tflops: float = 0.0  # per device, for MFU; 0 = no MFU

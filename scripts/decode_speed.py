@@ -158,7 +158,7 @@ def main(argv=None):
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mixers", default="gated_deltanet", help=f"comma-separated students: any of {', '.join(M.MIXERS[1:])}")
-    ap.add_argument("--backends", default=None, help=f"comma-separated forms each student runs in: any of "
+    ap.add_argument("--backends", default=None, help=f"comma-separated backends each student runs on: any of "
                     f"{', '.join(mixers.BACKENDS)} (default: triton,torch on CUDA, torch otherwise)")
     ap.add_argument("--decoders", default=None, help="comma-separated: fast (decode.py: static caches, on CUDA "
                     "its blocks compiled and its step a CUDA graph), graph (the same without torch.compile) and plain (model.py's growing caches); default fast,plain on CUDA, plain otherwise")
