@@ -439,7 +439,7 @@ class ModelSettings:
     # --- system ---
     device: str = "cpu"  # on a GPU: cuda
     dtype: str = "float32"  # float32, bfloat16 or float16 (on a GPU: bfloat16)
-    backend: str = ""  # the mixers' form: naive, torch or triton (mixers.py); "" = triton on CUDA, torch otherwise
+    backend: str = ""  # the mixers' backend: naive, torch or triton (mixers.py); "" = triton on CUDA, torch otherwise
 
 
 GPU_DEFAULTS = dict(device="cuda", dtype="bfloat16")  # ModelSettings' defaults on a GPU
