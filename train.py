@@ -435,7 +435,7 @@ def main(argv=None, after_step=None):
     flops = distill.flops_per_token(s.stage, student, teacher, s.block_size)
     meter = Meter(s, step, tokens_per_step, flops, world)
     evaluate = lambda: distill.evaluate(loss_model, teacher, val_batches, ctx)  # noqa: E731
-    sync = torch.cuda.synchronize if dev_type == "cuda" else None  # before a clock's mark
+    wait = torch.cuda.synchronize if dev_type == "cuda" else None  # before a clock's mark
     clock.mark("startup")  # settings, models, data, optimizer
     first = step + 1  # its time is compiling and warming up (torch.compile, Triton's JIT)
     if master and step == 0:
@@ -464,7 +464,7 @@ def main(argv=None, after_step=None):
         step += 1
 
         if step == first:
-            clock.mark("first step", sync)
+            clock.mark("first step", wait)
         if after_step is not None and after_step(step):
             break
         if step % s.log_interval == 0 or step == s.max_iters:
@@ -476,10 +476,10 @@ def main(argv=None, after_step=None):
             log(meter.line(step, loss_val, lr))
         kept = str(step) in s.keep_at.split(",")
         if master and (step % s.eval_interval == 0 or step == s.max_iters or kept):
-            clock.mark("steps", sync)
+            clock.mark("steps", wait)
             eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)
             meter.restart(step)
-    clock.mark("steps", sync)
+    clock.mark("steps", wait)
     log(clock.line())
     # every rank waits for rank 0's last eval and checkpoint (gloo may abort one that leaves early)
     if ddp:
