@@ -13,6 +13,8 @@ a linear-time mixer. It learns from the frozen teacher in three stages, then opt
            distance, summed over layers. Learns: every block parameter.
   stage 3  end-to-end distillation. Loss: next-token cross-entropy plus KL(teacher || student),
            both means per token, weighted and with a temperature. Learns: everything.
+           Long-context distillation (--long_block_size, below): its last steps on longer
+           sequences, the same tokens a step.
   sft      instruction tuning on ChatML conversations: cross-entropy on the assistant's tokens
            only (the data's mask files). Learns: everything.
   sft_kd   instruction-aware distillation: sft's data and schedule with stage 3's loss, CE plus
@@ -122,6 +124,63 @@ def steps(stage, data_dir, tokens_per_step):
     train_bin = os.path.join(data_dir, "train.bin")
     need(train_bin)
     return max(1, (STAGES[stage]["tokens"] or os.path.getsize(train_bin) // 2) // tokens_per_step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Long-context distillation: the last part of a stage on text at longer sequences
+
+# Every student of the study is distilled on 512-token sequences and tuned on 1,024, and its
+# passkey collapses past that. train.py --long_block_size=L --long_frac=f runs the last f of a
+# stage's steps on sequences of L tokens, the micro-batch cut so that batch_size * block_size,
+# and with it the tokens of a step and of the whole budget, stays the same: whether retrieval then
+# follows the training length, or stays bounded by the state, is what scripts/report.py judges.
+# Needles never enter training: the longer sequences are windows of the same corpus. (Long-context
+# extensions of pretrained models train their last tokens at longer sequences the same way, e.g.
+# Xiong et al. 2023, Effective Long-Context Scaling of Foundation Models, arXiv 2309.16039.)
+
+
+def long_steps(s):
+    """How many of a run's last steps are at --long_block_size: long_frac of max_iters, rounded (0
+    with the setting off)."""
+    return round(s.long_frac * s.max_iters) if s.long_block_size else 0
+
+
+def length_at(step, s):
+    """(block_size, batch_size) of optimizer step `step` (0-based): the run's own, or in its last
+    long_steps(s) steps (long_block_size, batch_size * block_size // long_block_size). A function
+    of the step alone, as the batches are: a run resumed past the switch switches where the one
+    that never stopped did."""
+    if step >= s.max_iters - long_steps(s):  # never with the setting off: the loop stops first
+        return s.long_block_size, s.batch_size * s.block_size // s.long_block_size
+    return s.block_size, s.batch_size
+
+
+def check_long(s, max_seq_len=None):
+    """A ValueError for long-context settings that cannot work (train.py turns it into one line):
+    with the settings alone, then (max_seq_len given) against the teacher's context."""
+    L, tokens = s.long_block_size, s.batch_size * s.block_size
+    text = ", ".join(name for name, st in STAGES.items() if st["data"] == "text")
+    if not 0 < s.long_frac <= 1:
+        raise ValueError(f"--long_frac={s.long_frac!r}: expected a number above 0, at most 1")
+    if L < 0:
+        raise ValueError(f"--long_block_size={L}: expected 0 (off) or a sequence length")
+    if not L:
+        return
+    if STAGES[s.stage]["data"] != "text":
+        raise ValueError(f"--long_block_size={L}: stage {s.stage} trains on chat; long sequences "
+                         f"are a setting of the stages on text ({text})")
+    if L <= s.block_size:
+        raise ValueError(f"--long_block_size={L}: expected more than --block_size={s.block_size}")
+    if tokens % L:
+        raise ValueError(f"--long_block_size={L} does not divide the {tokens} tokens of a "
+                         f"micro-step (--batch_size={s.batch_size} x --block_size={s.block_size}), "
+                         f"which its shorter batch keeps")
+    if not long_steps(s):
+        raise ValueError(f"--long_frac={s.long_frac}: no step of {s.max_iters} is at "
+                         f"--long_block_size={L}")
+    if max_seq_len is not None and L > max_seq_len:
+        raise ValueError(f"--long_block_size={L} is longer than the teacher's context "
+                         f"(max_seq_len {max_seq_len})")
 
 
 def set_trainable(student, stage):

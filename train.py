@@ -68,6 +68,8 @@ class Settings:
     block_size: int = 256  # tokens per sequence (the study: 512; its SFT: 1024)
     batch_size: int = 2  # sequences per micro-step, per GPU
     grad_accum: int = 1  # micro-steps per optimizer step
+    long_block_size: int = 0  # 0: off; else the length of the last long_frac of steps (text stages)
+    long_frac: float = 0.25  # that share of steps; batch_size shrinks to keep tokens/step the same
     # --- optimization ---
     warmup_frac: float = 0.05  # first 5% of steps: linear warmup from 0
     decay_frac: float = 0.2  # wsd: the last 20% of steps decay linearly to the final lr
@@ -192,6 +194,7 @@ def check(s):
             test(getattr(s, key))
     with stops():
         checkpoint.check_device(s.device)
+        distill.check_long(s)  # and against the teacher's context once it loads
     if s.init_from == "default":
         fail("--init_from=default: the offline teacher is --teacher=default, and "
              "--init_from=teacher builds a new student from it; --init_from=<checkpoint> starts "
@@ -250,6 +253,7 @@ def models_and_data(s, resuming, device, master):
             checkpoint.check_writable(os.path.dirname(ckpt_path(s)), f"--out_dir={s.out_dir}")
     with stops(f"--teacher={s.teacher}"):
         teacher = checkpoint.load(s.teacher)
+        distill.check_long(s, teacher.config.max_seq_len)
     with stops():  # a GGUF, a snapshot, a hub id or a checkpoint of --mixer=attention
         checkpoint.check_teacher(teacher, s.teacher)
     student = build_student(s, teacher, resuming).set_backend(s.backend)
@@ -447,8 +451,12 @@ def main(argv=None, after_step=None):
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = 0.0
+        T, B = distill.length_at(step, s)  # --long_block_size: the last steps longer, B * T kept
+        if T != train_data.T:  # the switch (or a resume past it); evals keep block_size, comparable
+            train_data = Data(s.data_dir, "train", T, train_data.chat)
+            log(f"step {step}: sequences of {T} tokens from here, {B} a micro-step")
         for micro in range(s.grad_accum):
-            x, y = train_data.sample(s.batch_size, s.seed, step, micro * world + rank, device)
+            x, y = train_data.sample(B, s.seed, step, micro * world + rank, device)
             # DDP averages gradients across GPUs only on the last micro-step
             sync = not ddp or micro == s.grad_accum - 1
             with nullcontext() if sync else train_model.no_sync():

@@ -27,15 +27,26 @@ interval). Instruction-aware distillation: a run's "after_sft_kd" (SFT with KL t
 instruction-tuned teacher, from the same stage-3 student on the same data and budget) is set
 against its SFT in a table, and the study's "no consistent advantage, and in some cases worse
 long-context retrieval" judged from the two.
+
+Beyond the study, long-context distillation (reproduce.py --long_context: the last part of stage 3
+on longer sequences, the same tokens): each such run beside its baseline (the same student, recipe
+and budget without it) in a table of recovery, KL and the passkey and UUID by length with Wilson's
+95% intervals, a figure of the passkey against length (study_long.png), and one verdict on the
+study's claim that state resolution, not the distillation budget, bounds retrieval: "retrieval
+follows the training length", "retrieval is bounded by the state" or "not settled", by the rule
+in long_verdict. These runs (and teacher_long, the teacher measured to 8k) stay out of the
+study's tables.
 """
 
 import argparse
 import glob
 import json
 import os
+import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # evaluate.wilson, the intervals of NIAH accuracies
 ORDER = ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda", "hybrid", "swa")
 NAMES = {"linear_attention": "Linear Attention", "retnet": "RetNet", "gla": "GLA", "mlstm": "mLSTM",
          "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "kda": "KDA", "swa": "SWA"}
@@ -55,6 +66,15 @@ SHORT = (512, 1024, 2048)  # the passkey lengths a maturity point measures, and 
 EARLY = 25_000_000  # distillation tokens of the early order that "gaps persist" sets against the end's
 RHO_HOLDS = 0.5  # "gaps persist": holds when rho's 95% interval lies above this, does not hold below it
 FEW = 4  # fewer mixers with both points than this: an order too short to judge
+# Long-context distillation (reproduce.py --long_context): a run against its baseline
+DELTA = ("deltanet", "gated_deltanet", "kda")  # the delta-rule mixers (KDA: the delta rule, gated per channel)
+RECIPE_LENGTHS = (512, 1024)  # the study's recipe trains on these: distillation, then SFT
+TRAINED = max(RECIPE_LENGTHS)  # "beyond the training length": a baseline saw nothing longer
+LONG_FRAC = 0.25  # reproduce.py's default share of stage 3 at the long length
+# what a baseline and its long-context run must share to be set side by side: the student, the
+# recipe and the budget (reproduce.py's settings; the evaluation's may differ)
+RECIPE = ("mixer", "softmax_layers", "window", "tokens", "stage_tokens", "tokens_per_step", "sft_tokens_per_step",
+          "text", "chat", "extra")
 PASSKEY_MOVES = 0.10  # a mean passkey accuracy (4 lengths x 50 prompts) moved by more than this has changed:
 # about the 95% noise of the difference of two such means at 50% accuracy, 1.96 * sqrt(2 * 0.25 / 200)
 
@@ -102,6 +122,10 @@ def by_length(acc):
 
 def label(name, run):
     s = run.get("settings", {})
+    if s.get("long_context"):  # its baseline's label, and the setting
+        base = name.rsplit("_long", 1)[0] if "_long" in name else s.get("mixer", name)
+        return (f"{label(base, {**run, 'settings': {k: v for k, v in s.items() if k != 'long_context'}})}, "
+                f"last {100 * s.get('long_frac', LONG_FRAC):g}% of stage 3 at {s['long_context']}")
     if s.get("softmax_layers"):
         return f"{NAMES.get(s['mixer'], s['mixer'])} + softmax layers {s['softmax_layers']}"
     if s.get("mixer") == "swa" and s.get("window"):
@@ -317,6 +341,219 @@ def instruction_aware(runs):
     else:
         verdict = f"not settled (it is ahead in {sum(ahead)} of {len(pairs)} runs)"
     return f"{claim}: {verdict} for the {len(pairs)} run{'s' * (len(pairs) > 1)} measured. " + "; ".join(text)
+
+
+def is_long(name, run):
+    """A run of the long-context comparison: trained with --long_context, or the teacher measured to
+    8k beside them (teacher_long); the study's tables leave these out."""
+    return bool(run.get("settings", {}).get("long_context")) or name == "teacher_long"
+
+
+def prompts(run):
+    """Prompts behind each NIAH accuracy of a run (one task at one length, every depth): its niah.py
+    settings' depths times samples, where the setting is not given niah.py's defaults (5 depths,
+    1 sample; 30 with --full)."""
+    words = shlex.split(run.get("settings", {}).get("niah") or "")
+    opts = dict(w[2:].split("=", 1) for w in words if w.startswith("--") and "=" in w)
+    samples = int(opts.get("samples", 30 if "--full" in words else 1))
+    return len(opts.get("depths", "0,25,50,75,100").split(",")) * samples
+
+
+def niah_interval(acc, n):
+    """A NIAH accuracy over n prompts as [value, low, high]: Wilson's 95% interval (evaluate.wilson,
+    the tasks' own)."""
+    from evaluate import wilson
+
+    return [acc, *wilson(round(acc * n), n)]
+
+
+def gain(base, new):
+    """new - base of two accuracies [value, low, high] with Wilson intervals, as [value, low, high]:
+    Newcombe's hybrid score interval for a difference of independent proportions (Newcombe 1998,
+    Statistics in Medicine 17, method 10), built from the two Wilson intervals."""
+    d = new[0] - base[0]
+    return [d, d - ((new[0] - new[1]) ** 2 + (base[2] - base[0]) ** 2) ** 0.5,
+            d + ((new[2] - new[0]) ** 2 + (base[0] - base[1]) ** 2) ** 0.5]
+
+
+def baseline(run, runs):
+    """The name of a long-context run's baseline in runs: the same student, recipe and budget
+    (RECIPE) without --long_context; None when there is none."""
+    s = run["settings"]
+    return next((n for n, r in runs.items() if "teacher" not in r and not r.get("settings", {}).get("long_context")
+                 and all(r.get("settings", {}).get(k) == s.get(k) for k in RECIPE)), None)
+
+
+def pair_after(base, long):
+    """Which measurement a pair is compared on: after SFT (the student as used, and the study's
+    passkey) where both have its passkey, else after stage 3 (where the setting acts), else None."""
+    for after in ("after_sft", "after_stage3"):
+        if all(m.get(after, {}).get("niah", {}).get("s_niah_1") for m in (base, long)):
+            return after
+    return None
+
+
+def long_pairs(runs):
+    """[(long run's name, baseline's name, after)] of every long-context run with a baseline; after
+    may be None (a passkey not measured on both)."""
+    out = []
+    for n, r in runs.items():
+        if r.get("settings", {}).get("long_context") and (b := baseline(r, runs)):
+            out.append((n, b, pair_after(runs[b], r)))
+    return out
+
+
+def long_teacher(runs):
+    """The teacher's run of the long comparison: teacher_long (measured to 8k), else the study's."""
+    return runs.get("teacher_long") or runs.get("teacher")
+
+
+def long_table(runs, pairs):
+    """Each long-context run beside its baseline, after stage 3 and after SFT: average recovery,
+    KL, and the passkey and UUID by length with Wilson's 95% intervals; the teacher's row first."""
+    teacher = long_teacher(runs)
+    group = [runs[n] for p in pairs for n in p[:2]] + ([teacher] if teacher else [])
+    Ls = sorted({int(L) for r in group for m in measures(r).values() for t in NIAH for L in m["niah"].get(t, {})})
+    head = ["run", "after", "Avg recovery [95%]", "KL"] + [f"{NIAH[t]} {L} [95%]" for t in NIAH for L in Ls]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def niah(run, m):
+        cells = []
+        for t in NIAH:
+            acc = m["niah"].get(t, {})
+            cells += ["-" if str(L) not in acc else interval(niah_interval(acc[str(L)], prompts(run))) for L in Ls]
+        return cells
+
+    if teacher:
+        lines.append("| " + " | ".join(["teacher", "-", "-", "0"] + niah(teacher, teacher["teacher"])) + " |")
+    for long, base, _ in pairs:
+        for after in AFTER:
+            for n in (base, long):
+                m = runs[n].get(after)
+                if m is None:
+                    continue
+                kl = m["eval"]["model"]["lm"].get("kl")
+                cells = [label(n, runs[n]), AFTER[after], interval(m["eval"]["summary"]["recovery"].get("avg")),
+                         "-" if kl is None else f"{kl:.3f}"] + niah(runs[n], m)
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def long_verdict(runs, pairs):
+    """Is the passkey's collapse past the training length the state's limit or the recipe's? Judged
+    from each of the seven mixers' long-context run against its baseline (hybrids and SWA are shown,
+    not judged: their softmax layers or window are no recurrent state), on the passkey gain
+    (long - baseline, Newcombe's 95% interval) at each length beyond TRAINED that both measured:
+      "retrieval follows the training length": some non-delta-rule student gains, its interval
+        wholly above 0 at some such length;
+      "retrieval is bounded by the state": no non-delta-rule student can have gained as much as
+        PASSKEY_MOVES (every such interval's top below it; with no non-delta-rule student measured,
+        the same of every delta-rule one): long sequences move the passkey only for the delta rule,
+        or not at all;
+      "not settled": otherwise (an interval that takes in 0 and a gain of PASSKEY_MOVES, or gains
+        for delta-rule students alone with no other student to tell the state from the recipe)."""
+    claim = ("- Retrieval past the training length: follows the training length, or bounded by the state "
+             f"(passkey gain of each long-context run over its baseline at lengths beyond {TRAINED}, Newcombe's 95% "
+             f"interval from the two Wilson intervals; follows if a non-delta-rule student's lies above 0, bounded "
+             f"if no non-delta-rule student's reaches {100 * PASSKEY_MOVES:.0f} points)")
+    judged = []  # (mixer, name, after, [(length, gain)])
+    for long, base, after in pairs:
+        s = runs[long]["settings"]
+        if s.get("mixer") not in ORDER[:7] or s.get("softmax_layers") or after is None:
+            continue
+        a, b = (runs[n][after]["niah"]["s_niah_1"] for n in (base, long))
+        Ls = sorted(int(L) for L in a if str(L) in b and int(L) > TRAINED)
+        if Ls:
+            acc = [[niah_interval(k[str(L)], prompts(runs[n])) for L in Ls] for k, n in ((a, base), (b, long))]
+            judged.append((s["mixer"], long, after, [(L, gain(x, y)) for L, x, y in zip(Ls, *acc)]))
+    if not judged:
+        return f"{claim}: not measured (no long-context run of the seven mixers with its baseline's passkey " \
+               f"beyond {TRAINED} tokens)."
+    up = {long: any(g[1] > 0 for _, g in gains) for _, long, _, gains in judged}
+    capped = {long: all(g[2] < PASSKEY_MOVES for _, g in gains) for _, long, _, gains in judged}
+    other = [long for m, long, _, _ in judged if m not in DELTA]
+    delta = [long for m, long, _, _ in judged if m in DELTA]
+    if any(up[n] for n in other):
+        verdict = "retrieval follows the training length (" + ", ".join(
+            NAMES[runs[n]["settings"]["mixer"]] for n in other if up[n]) + ": a gain whose interval lies above 0)"
+    elif other and all(capped[n] for n in other):
+        moved = [n for n in delta if up[n]]
+        verdict = "retrieval is bounded by the state (" + (
+            "long sequences move the passkey only for the delta rule: " + ", ".join(
+                NAMES[runs[n]["settings"]["mixer"]] for n in moved) if moved else
+            "long sequences do not move the passkey") + ")"
+    elif not other and any(up[n] for n in delta):
+        verdict = ("not settled (only delta-rule students measured, and long sequences move the passkey of "
+                   + ", ".join(NAMES[runs[n]["settings"]["mixer"]] for n in delta if up[n])
+                   + ": a student of another rule tells the state from the recipe)")
+    elif not other and all(capped[n] for n in delta):
+        verdict = "retrieval is bounded by the state (long sequences do not move the passkey, even of the delta rule)"
+    else:
+        wide = [NAMES[runs[n]["settings"]["mixer"]] for n in other or delta if not capped[n]]
+        verdict = (f"not settled (the intervals of {', '.join(wide)} take in both 0 and a gain of "
+                   f"{100 * PASSKEY_MOVES:.0f} points)")
+    text = "; ".join(f"{label(n, runs[n])} ({AFTER[after]}): " + ", ".join(
+        f"{L} {100 * g[0]:+.0f} [{100 * g[1]:+.0f}, {100 * g[2]:+.0f}]" for L, g in gains)
+        for _, n, after, gains in judged)
+    return f"{claim}: {verdict}. Gains in points: {text}"
+
+
+def long_plot(runs, pairs, path):
+    """Passkey accuracy against length after stage 3 and after SFT: each baseline dashed, its
+    long-context run solid, a colour a student; the teacher black dotted; the recipe's training
+    lengths and each long run's as vertical lines. Returns path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(AFTER), figsize=(12, 4), sharey=True)
+    colour = {b: f"C{i % 10}" for i, b in enumerate(dict.fromkeys(b for _, b, _ in pairs))}
+    teacher = long_teacher(runs)
+    for ax, after in zip(axes, AFTER):
+        for long, base, _ in pairs:
+            for n, ls in ((base, "--"), (long, "-")):
+                acc = runs[n].get(after, {}).get("niah", {}).get("s_niah_1")
+                if acc:
+                    Ls, ys = zip(*by_length(acc))
+                    ax.plot(Ls, [100 * a for a in ys], ls=ls, marker="o", color=colour[base], label=label(n, runs[n]))
+        acc = teacher and teacher["teacher"]["niah"].get("s_niah_1")
+        if acc:
+            Ls, ys = zip(*by_length(acc))
+            ax.plot(Ls, [100 * a for a in ys], ls=":", marker="x", color="k", label="teacher")
+        for L in RECIPE_LENGTHS:
+            ax.axvline(L, color="0.6", ls=":", lw=1, label="the recipe's training lengths (512, 1k)")
+        for L in sorted({runs[n]["settings"]["long_context"] for n, _, _ in pairs}):
+            ax.axvline(L, color="0.3", lw=1, label="long-context training length")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({int(L) for n in (*[p[0] for p in pairs], *[p[1] for p in pairs])
+                        for L in runs[n].get(after, {}).get("niah", {}).get("s_niah_1", {})})
+        ax.minorticks_off()
+        ax.set_xticks(ticks, [str(L) for L in ticks], fontsize=8)
+        ax.set_title(f"passkey, {AFTER[after]}", fontsize=9)
+        ax.set_ylim(-3, 103)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.grid(True, alpha=0.3)
+    return save(fig, axes, "passkey accuracy (%)", path)
+
+
+def long_section(runs, assets, out):
+    """report.md's lines on long-context distillation, and the figure's path (None when not drawn)."""
+    gdn = STUDY_PASSKEY["gated_deltanet"]
+    lines = ["### Long-context distillation: the state's limit or the recipe's?", "",
+             f"The study: \"state resolution is a more fundamental bottleneck than the distillation budget\"; its "
+             f"evidence: only Gated DeltaNet keeps a passkey at 2k, {gdn[2048]}%, falling to {gdn[4096]}% at 4k after "
+             f"10B tokens. Every student here is distilled on {RECIPE_LENGTHS[0]}-token sequences and tuned on "
+             f"{RECIPE_LENGTHS[1]:,}; a long-context run trains the last part of stage 3 on longer ones (the same "
+             f"tokens), and is set beside its baseline.", ""]
+    pairs = long_pairs(runs)
+    if not pairs:
+        return lines + ["Not measured: no long-context run (reproduce.py --long_context) with its baseline.", ""], None
+    path = long_plot(runs, pairs, os.path.join(assets, "study_long.png"))
+    return lines + [long_table(runs, pairs), "",
+                    f"![passkey by length, long-context runs against their baselines]"
+                    f"({os.path.relpath(path, os.path.dirname(os.path.abspath(out)))})", "",
+                    long_verdict(runs, pairs), ""], path
 
 
 def findings(runs):
@@ -561,17 +798,19 @@ def main(argv=None):
     args = ap.parse_args(argv)
     folders = [args.results] + [f for f in args.budgets.split(",") if f]
     loaded = [load(f) for f in folders]
-    for f, r in zip(folders, loaded):
+    # the study's tables and findings: every run but the long-context comparison's (its own section)
+    study = [{n: r for n, r in runs.items() if not is_long(n, r)} for runs in loaded]
+    for f, r in zip(folders, study):
         if not [n for n in r if n != "teacher"]:
             sys.exit(f"report.py: no student results in {f} (scripts/reproduce.py writes them)")
-    runs = loaded[0]
+    runs = study[0]
     os.makedirs(args.assets, exist_ok=True)
     lines = []
     for after, title in AFTER.items():
         lines += [f"### {title[0].upper() + title[1:]}", "", table(runs, after), ""]
     if len(loaded) > 1:
         lines += ["### By budget: average recovery and mean passkey accuracy after SFT (%)", "",
-                  budget_table(loaded), ""]
+                  budget_table(study), ""]
     out = args.out or os.path.join(args.results, "report.md")
     drawn = plots(runs, args.assets)
     figure = os.path.join(args.assets, "study_maturity.png")
@@ -591,7 +830,9 @@ def main(argv=None):
                   kd_table(runs), ""]
     else:
         lines += ["No run has instruction-aware distillation (after_sft_kd).", ""]
-    lines += ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
+    section, long_figure = long_section(loaded[0], args.assets, out)
+    lines += section + ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
+    drawn += [long_figure] if long_figure else []
     for folder in loaded:
         for n, r in folder.items():
             lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`"

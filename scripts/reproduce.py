@@ -7,6 +7,7 @@ number and its loss curves; scripts/report.py builds the table and the plots fro
     python scripts/reproduce.py --mixer=kda --tokens=100M                 # one GPU
     python scripts/reproduce.py --mixer=gated_deltanet --softmax_layers=5,15,25 --name=hybrid
     python scripts/reproduce.py --teacher                                 # the teacher, evaluated once
+    python scripts/reproduce.py --mixer=gla --long_context=2048           # stage 3's last quarter at 2k
     python scripts/reproduce.py --mixer=gla --tokens=60k --sft_tokens=20k --mc_limit=8 \\
         --niah="--lengths=256 --samples=1 --depths=50" --results=/tmp/r  # a CPU smoke run (minutes)
 
@@ -34,6 +35,14 @@ Maturity (--maturity, fractions of the budget; default 1/8, 1/4, 1/2): stage 3 a
 weights at those points (train.py --keep_at), and each gets a light evaluation after stage 3:
 perplexity and KL, LAMBADA (--maturity_tasks) and the passkey at 512 to 2k tokens
 (--maturity_niah). Its cost is in the JSON's "seconds" (eval_mature*, niah_mature*).
+Long-context distillation (--long_context=L, --long_frac=f, default a quarter): stage 3's last f
+of steps on sequences of L tokens (train.py --long_block_size, --long_frac), the micro-batch cut so
+that tokens per step, and the budget, stay the baseline's; every other stage as the baseline. The
+run is <name>_long<L> (and _frac<f> off the default share), beside its baseline, and its NIAH goes
+to 8k (NIAH_LONG) unless --niah says otherwise. Its steps before the switch are the baseline's, so
+its maturity points repeat the baseline's (--maturity= skips them). --long_niah measures a run to
+8k without training anything new: a baseline's own command with it reruns its NIAH steps alone;
+the teacher's (--teacher --long_niah, or --long_context) is teacher_long, beside teacher.json.
 Instruction-aware distillation (--sft_kd): from the same stage-3 student, train.py's stage
 sft_kd (SFT's data, length and budget; CE + KL to the instruction-tuned teacher on the
 assistant's tokens), evaluated as SFT is, beside it. The teacher's
@@ -60,6 +69,8 @@ STAGES = ("1", "2", "3")
 COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU: 95 s against eager's 108k tok/s vs 169k
 SFT_LENGTH = 1024  # the study's SFT sequence length
 NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
+NIAH_LONG = NIAH.replace("4096", "4096,8192")  # long-context runs, and a baseline or teacher beside them
+LONG_FRAC = 0.25  # --long_frac's default: the last quarter of stage 3 at --long_context
 MATURITY_NIAH = "--tasks=s_niah_1 --lengths=512,1024,2048 --depths=0,25,50,75,100 --samples=10"
 HISTORY_POINTS = 200  # train-loss points kept per stage in the JSON
 # sliding-window attention (swa) at the linear students' state size: SmolLM2-135M's 3 KV heads
@@ -375,6 +386,9 @@ def check_settings(args):
             sys.exit(f"reproduce.py: --extra: --{key} is set for each stage from --tokens (and --maturity)")
     if "window" in given:
         sys.exit("reproduce.py: --extra: --window is reproduce.py's own setting (--window=N)")
+    for key in ("long_block_size", "long_frac"):
+        if key in given:
+            sys.exit(f"reproduce.py: --extra: --{key} is reproduce.py's own setting (--long_context, --long_frac)")
     if args.window < 1:
         sys.exit(f"reproduce.py: --window={args.window}: expected an integer >= 1")
     for key in ("batch_size", "block_size", "grad_accum"):
@@ -393,6 +407,40 @@ def check_settings(args):
         except ValueError as e:
             sys.exit(f"reproduce.py: --softmax_layers={args.softmax_layers!r}: {e}")
     return given
+
+
+def run_name(args):
+    """The run's name, its folder under --work and its JSON: "teacher", or --name (default the
+    mixer's); a long-context run adds _long<L> (and _frac<f> off the default share), so that it
+    never overwrites its baseline, and the teacher measured to 8k is teacher_long."""
+    if args.teacher:
+        return "teacher_long" if args.long_context or args.long_niah else "teacher"
+    name = args.name or args.mixer
+    if args.long_context:
+        name += f"_long{args.long_context}" + ("" if args.long_frac == LONG_FRAC else f"_frac{args.long_frac:g}")
+    return name
+
+
+def check_long(args, given, batch, block, stage3_steps):
+    """train.py's checks of --long_block_size and --long_frac on stage 3 (distill.check_long, the
+    teacher's context included), as a one-line exit before any step."""
+    from types import SimpleNamespace
+
+    import checkpoint
+    import distill
+    import train
+
+    s = SimpleNamespace(stage="3", block_size=block, batch_size=batch, max_iters=stage3_steps,
+                        long_block_size=args.long_context, long_frac=args.long_frac)
+    teacher = given.get("teacher", train.Settings.teacher)
+    try:
+        max_seq_len = checkpoint.read(teacher)[0].max_seq_len
+    except (OSError, ValueError) as e:
+        sys.exit(f"reproduce.py: --extra: --teacher={teacher}: {str(e).splitlines()[0]}")
+    try:
+        distill.check_long(s, max_seq_len)
+    except ValueError as e:
+        sys.exit(f"reproduce.py: --long_context={args.long_context}: {e}")
 
 
 def check_inputs(args):
@@ -437,7 +485,14 @@ def main(argv=None):
     ap.add_argument("--mc_limit", type=int, default=1000, help="questions per task, evenly spaced (0 = all)")
     ap.add_argument("--tasks", default="lambada,arc_easy,arc_challenge,piqa,hellaswag,winogrande",
                     help="evaluate.py's tasks (the study's six)")
-    ap.add_argument("--niah", default=NIAH, help="niah.py's settings")
+    ap.add_argument("--niah", default=None, help="niah.py's settings (default NIAH, to 4k; NIAH_LONG, to 8k, "
+                    "with --long_context or --long_niah)")
+    ap.add_argument("--long_context", type=int, default=0, help="stage 3's last --long_frac of steps at this "
+                    "sequence length, tokens per step kept (train.py --long_block_size); the run is <name>_long<L>")
+    ap.add_argument("--long_frac", type=float, default=None, help=f"with --long_context: the share of stage 3's "
+                    f"steps at that length (default {LONG_FRAC})")
+    ap.add_argument("--long_niah", action="store_true", help="NIAH to 8k (NIAH_LONG) without training anything new: "
+                    "a baseline beside its long-context run; with --teacher, teacher_long.json")
     ap.add_argument("--maturity", default="0.125,0.25,0.5", help="points inside stage 3, as fractions of --tokens "
                     "(distillation tokens, stages 1-3), where its weights are kept and lightly evaluated; '' for none")
     ap.add_argument("--maturity_tasks", default="lambada", help="evaluate.py's tasks at a maturity point")
@@ -455,6 +510,13 @@ def main(argv=None):
                     "one a GPU at a time")
     ap.add_argument("--runs", default=",".join(RUNS), help="with --all: which of them")
     args = ap.parse_args(argv)
+    if args.long_context < 0:
+        ap.error(f"--long_context={args.long_context}: expected a sequence length (0: off)")
+    if args.long_frac is not None and not args.long_context:
+        ap.error("--long_frac: a share of stage 3 at --long_context, which is not given")
+    args.long_frac = LONG_FRAC if args.long_frac is None else args.long_frac
+    if args.niah is None:
+        args.niah = NIAH_LONG if args.long_context or args.long_niah else NIAH
     if args.mc_limit < 0:
         ap.error(f"--mc_limit={args.mc_limit}: expected 0 (all) or more")
     if args.all:
@@ -482,7 +544,7 @@ def main(argv=None):
         return
     if args.softmax_layers and not args.name:
         ap.error("--softmax_layers: a hybrid needs its own --name (its checkpoints and results go there)")
-    name = "teacher" if args.teacher else args.name or args.mixer
+    name = run_name(args)
     if not re.fullmatch(r"[\w.-]+", name):
         ap.error(f"--name={name!r}: letters, digits, '.', '_' and '-' only")
     check_inputs(args)
@@ -521,6 +583,8 @@ def main(argv=None):
         if args.sft_kd:  # instruction-aware distillation: SFT's data and budget
             steps["sft_kd"] = steps["sft"]
         maturity = maturity_steps(args, steps, per_step)
+        if args.long_context:  # train.py's own checks, before any step
+            check_long(args, given, batch, block, steps["3"])
         result["settings"] = {"mixer": args.mixer, "softmax_layers": args.softmax_layers, "tokens": args.tokens,
                               "steps": steps, "tokens_per_step": per_step, "sft_tokens_per_step": sft_step,
                               "stage_tokens": {**{s: steps[s] * per_step for s in STAGES}, "sft": steps["sft"] * sft_step},
@@ -528,6 +592,8 @@ def main(argv=None):
                               "text": args.text, "chat": args.chat, "extra": args.extra}
         if args.mixer == "swa":
             result["settings"]["window"] = args.window
+        if args.long_context:  # recorded only when set: a baseline's settings stay as they were
+            result["settings"].update(long_context=args.long_context, long_frac=args.long_frac)
         pipe = Pipeline(args.work, name, dict(result["settings"]))
         result["settings"].update(evals)
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
@@ -548,6 +614,8 @@ def main(argv=None):
                 cmd += [f"--block_size={SFT_LENGTH}", f"--batch_size={sft_batch}"]
             if s == "3" and maturity:
                 cmd.append(f"--keep_at={','.join(str(k) for k in maturity.values())}")
+            if s == "3" and args.long_context:
+                cmd += [f"--long_block_size={args.long_context}", f"--long_frac={args.long_frac}"]
             pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
                 measure(pipe, "stage3", ckpt["3"], args, py)

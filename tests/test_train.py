@@ -4,7 +4,9 @@ Claims: every stage lowers its loss; each stage starts from the previous stage's
 stage 1 moves only the mixers and their input norms (not a hybrid's kept softmax layers), stage
 2 only blocks; the KL is a mean per token; the manual teacher pass is the teacher's forward; a killed and resumed run gives
 bitwise the same losses and weights; --compile computes the same losses; autocast in bf16 on a
-GPU only; bad settings stop with a readable message.
+GPU only; bad settings stop with a readable message. Long-context distillation switches to its
+length at its step with the tokens of a step kept, leaves the steps before it and the evals as
+they were, and resumes bitwise from either side of the switch.
 """
 
 import math
@@ -277,6 +279,97 @@ def test_killed_and_resumed_run_gives_bitwise_the_same_losses(setup, tmp_path, m
     assert not _changed(a, b)
     # run once more: the stage is complete and nothing is trained
     assert train.main(args(setup, out_dir=tmp_path / "b", **run)) == whole
+
+
+def fresh_student(setup, path):
+    """A new student of the tiny teacher, saved at path: a stage-3 run's start."""
+    torch.manual_seed(1)
+    checkpoint.save(str(path), checkpoint.student_from_teacher(checkpoint.load(str(setup / "teacher.pt")), MIXER))
+    return path
+
+
+def test_long_context_switches_length_at_its_step_and_keeps_the_tokens_of_a_step(setup, tmp_path, monkeypatch,
+                                                                                  capsys):
+    # the last quarter of 8 steps at 64 tokens: steps 6 and 7 (0-based) draw 2 x 64 tokens a
+    # micro-step where the others draw 4 x 32; every eval keeps the run's 4 x 32 val batches
+    start = fresh_student(setup, tmp_path / "start.pt")
+    seen, evals = [], []
+    real_sample, real_evaluate = Data.sample, distill.evaluate
+
+    def sample(self, B, seed, step, part, device):
+        x, y = real_sample(self, B, seed, step, part, device)
+        seen.append((step, part, tuple(x.shape), tuple(y.shape)))
+        return x, y
+
+    monkeypatch.setattr(Data, "sample", sample)
+    monkeypatch.setattr(distill, "evaluate", lambda m, t, batches, ctx: evals.append(
+        [tuple(x.shape) for x, _ in batches]) or real_evaluate(m, t, batches, ctx))
+    run = dict(stage="3", init_from=start, max_iters=8, eval_interval=4, grad_accum=2, learning_rate=3e-3)
+    long = train.main(args(setup, out_dir=tmp_path / "long", long_block_size=64, long_frac=0.25, **run))
+    assert seen == [(k, p, (4, 32) if k < 6 else (2, 64), (4, 32) if k < 6 else (2, 64))
+                    for k in range(8) for p in range(2)]
+    assert evals == [[(4, 32)] * 2] * 3  # steps 0, 4 and 8: the same length before and after the switch
+    assert "step 6: sequences of 64 tokens from here, 2 a micro-step" in capsys.readouterr().out
+    s = train.Settings(max_iters=8, learning_rate=1.0, schedule="wsd", data_dir="", init_from="teacher", block_size=32,
+                       batch_size=4, long_block_size=64)
+    assert [distill.length_at(k, s) for k in (0, 5, 6, 7)] == [(32, 4), (32, 4), (64, 2), (64, 2)]
+    s.long_block_size = 0  # off: every step at the run's length
+    assert [distill.length_at(k, s) for k in (0, 7)] == [(32, 4), (32, 4)]
+    # the steps before the switch are the run without the setting, to the bit; the long ones are not
+    seen.clear()
+    short = train.main(args(setup, out_dir=tmp_path / "short", **run))
+    assert {shape for _, _, shape, _ in seen} == {(4, 32)}
+    assert long["train"][:6] == short["train"][:6] and long["train"][6] != short["train"][6]
+    blob = torch.load(tmp_path / "long" / MIXER / "stage3.pt", weights_only=True)
+    assert blob["settings"]["long_block_size"] == 64 and blob["settings"]["long_frac"] == 0.25
+
+
+def test_a_long_context_run_killed_before_or_after_the_switch_resumes_bitwise(setup, tmp_path, monkeypatch):
+    # the switch at step 4 of 8; checkpoints at 3 (before it) and 6 (two long steps after it)
+    start = fresh_student(setup, tmp_path / "start.pt")
+    run = dict(stage="3", init_from=start, max_iters=8, eval_interval=3, grad_accum=2, learning_rate=3e-3,
+               long_block_size=64, long_frac=0.5)
+    whole = train.main(args(setup, out_dir=tmp_path / "whole", **run))
+    real_save = train.save
+    for kill in (3, 6):
+        def killed(path, student, optimizer, step, s, history, kill=kill):
+            real_save(path, student, optimizer, step, s, history)
+            if step == kill:
+                raise KeyboardInterrupt  # as if the process died right after this checkpoint
+
+        out = tmp_path / f"killed{kill}"
+        monkeypatch.setattr(train, "save", killed)
+        with pytest.raises(KeyboardInterrupt):
+            train.main(args(setup, out_dir=out, **run))
+        monkeypatch.setattr(train, "save", real_save)
+        assert torch.load(out / MIXER / "stage3.pt", weights_only=True)["step"] == kill
+        resumed = train.main(args(setup, out_dir=out, **run))  # the same command again
+        assert resumed["train"] == whole["train"] and resumed["val"] == whole["val"], kill  # bitwise equal
+        _, a = checkpoint.read(str(tmp_path / "whole" / MIXER / "stage3.pt"))
+        _, b = checkpoint.read(str(out / MIXER / "stage3.pt"))
+        assert not _changed(a, b), kill
+
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(long_block_size=48), "--long_block_size=48 does not divide the 128 tokens of a micro-step "
+                               "(--batch_size=4 x --block_size=32)"),
+    (dict(long_block_size=32), "--long_block_size=32: expected more than --block_size=32"),
+    (dict(long_block_size=-64), "--long_block_size=-64: expected 0 (off) or a sequence length"),
+    (dict(stage="sft", long_block_size=64), "stage sft trains on chat; long sequences are a setting of the "
+                                            "stages on text (1, 2, 3, lm)"),
+    (dict(long_frac=0), "--long_frac=0.0: expected a number above 0, at most 1"),
+    (dict(long_frac=1.5, long_block_size=64), "--long_frac=1.5: expected a number above 0, at most 1"),
+    (dict(long_block_size=64, long_frac=0.01), "--long_frac=0.01: no step of 8 is at --long_block_size=64"),
+    (dict(long_block_size=512, batch_size=16), "--long_block_size=512 is longer than the teacher's context "
+                                               "(max_seq_len 256)"),
+])
+def test_bad_long_context_settings_stop_in_one_line_before_any_step(setup, tmp_path, monkeypatch, bad, says):
+    monkeypatch.setattr(distill, "length_at", lambda *a: pytest.fail("a step ran"))
+    with pytest.raises(SystemExit) as e:
+        train.main(args(setup, out_dir=tmp_path, **bad))
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith("train.py: ") and "\n" not in msg and says in msg, msg
+    assert not os.path.exists(tmp_path / MIXER / "stage1.pt")
 
 
 def test_the_log_line_times_steps_alone(monkeypatch):
