@@ -395,18 +395,25 @@ def check_settings(args):
         if given.get(key, 1) < 1:
             sys.exit(f"reproduce.py: --extra: --{key}={given[key]}: expected an integer >= 1")
     if args.softmax_layers:  # against the teacher's layers, before a results file is written
-        import checkpoint
-
-        teacher = given.get("teacher", train.Settings.teacher)
-        try:
-            n_layer = checkpoint.read(teacher)[0].n_layer
-        except (OSError, ValueError) as e:
-            sys.exit(f"reproduce.py: --extra: --teacher={teacher}: {str(e).splitlines()[0]}")
+        n_layer = teacher_config(given).n_layer
         try:
             cli.check_softmax_layers(args.softmax_layers, n_layer)
         except ValueError as e:
             sys.exit(f"reproduce.py: --softmax_layers={args.softmax_layers!r}: {e}")
     return given
+
+
+def teacher_config(given):
+    """The model.Config of the run's teacher (--extra's --teacher, or train.py's default), read
+    from its file without loading the weights, or a one-line exit."""
+    import checkpoint
+    import train
+
+    teacher = given.get("teacher", train.Settings.teacher)
+    try:
+        return checkpoint.read(teacher)[0]
+    except (OSError, ValueError) as e:
+        sys.exit(f"reproduce.py: --extra: --teacher={teacher}: {str(e).splitlines()[0]}")
 
 
 def run_name(args):
@@ -426,19 +433,12 @@ def check_long(args, given, batch, block, stage3_steps):
     teacher's context included), as a one-line exit before any step."""
     from types import SimpleNamespace
 
-    import checkpoint
     import distill
-    import train
 
     s = SimpleNamespace(stage="3", block_size=block, batch_size=batch, max_iters=stage3_steps,
                         long_block_size=args.long_context, long_frac=args.long_frac)
-    teacher = given.get("teacher", train.Settings.teacher)
     try:
-        max_seq_len = checkpoint.read(teacher)[0].max_seq_len
-    except (OSError, ValueError) as e:
-        sys.exit(f"reproduce.py: --extra: --teacher={teacher}: {str(e).splitlines()[0]}")
-    try:
-        distill.check_long(s, max_seq_len)
+        distill.check_long(s, teacher_config(given).max_seq_len)
     except ValueError as e:
         sys.exit(f"reproduce.py: --long_context={args.long_context}: {e}")
 
