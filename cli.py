@@ -150,7 +150,8 @@ class Clock:
     620.4 s", which scripts/reproduce.py reads into a run's table of where its time went."""
 
     def __init__(self):
-        self.last, self.phases, self.start = time.time(), {}, time.time()
+        self.start = self.last = time.time()
+        self.phases = {}
 
     def mark(self, phase, sync=None):
         """sync: called first (torch.cuda.synchronize), so that queued GPU work counts here."""

@@ -91,8 +91,7 @@ LEARNS = {  # what learns -> a test on a parameter's name and the hybrid's kept 
 
 def layer_of(name):
     """The block a parameter belongs to: 'model.layers.7.mlp.up_proj.weight' -> 7, else None."""
-    parts = name.split(".")
-    return int(parts[2]) if name.startswith("model.layers.") else None
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else None
 
 
 def learns(name, stage, kept=()):
