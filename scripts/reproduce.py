@@ -19,8 +19,10 @@ state size and short-conv setting (train.py's defaults); a stage of more than CO
 tokens runs under torch.compile on a GPU (about 95 s of compiling pays back past that), the
 shorter ones eagerly.
 
-Each step is one command a user could type (train.py, evaluate.py, niah.py); its log goes to
-<work>/<name>/<step>.log. The steps done are kept in <work>/<name>/done.json (written whole, then
+Each step is one command a user could type (train.py, evaluate.py, niah.py), run by that script's
+main() inside this process, so that Python, CUDA and the kernels that earlier
+steps compiled are paid for once a run (--isolate: each step its own process, as typed); its log
+goes to <work>/<name>/<step>.log. The steps done are kept in <work>/<name>/done.json (written whole, then
 renamed): run the same command again after a kill and it goes on from the step it stopped in,
 train.py from that stage's last checkpoint. The run's JSON is written when it starts and after
 every step, so a run cut short keeps what it measured; its "incomplete" names the steps to run.
@@ -51,6 +53,9 @@ task scores are measured in the evaluation after stage 3 and read back from it a
 """
 
 import argparse
+import contextlib
+import gc
+import io
 import json
 import os
 import platform
@@ -149,6 +154,7 @@ class Pipeline:
                      f"give another --name or --work, or remove that folder")
         self.settings, self.done = settings, state.get("steps", {})
         self.after = None  # called after each step that runs
+        self.isolate = False  # each step a process of its own (--isolate)
 
     def finished(self, name, key=None):
         """Step `name` is done, with the same key: an evaluation's own settings, which may change
@@ -156,37 +162,102 @@ class Pipeline:
         return name in self.done and self.done[name].get("key") == key
 
     def step(self, name, cmd, key=None):
-        """Run cmd (a list) unless step `name` is finished; its output goes to <dir>/<name>.log."""
+        """Run cmd ([python, script, settings...]) unless step `name` is finished; its output goes
+        to <dir>/<name>.log. The script's main() runs in this process (isolate: as a process of its
+        own), so that Python, CUDA and the kernels compiled by earlier steps start once a run."""
         if self.finished(name, key):
             print(f"{name}: done ({self.done[name]['seconds']:.0f} s)", flush=True)
             return
         log = os.path.join(self.dir, name + ".log")
         print(f"{name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-        t0, split = time.time(), None
+        t0 = time.time()
         with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            try:
-                for line in proc.stdout:  # the log whole, and its progress lines on the terminal
-                    f.write(line)
-                    if line.startswith("time:"):  # the step's own clock (cli.Clock)
-                        split = cli.read_time(line)
-                    if line.startswith(("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|", "time:")):
-                        print(f"  {line.rstrip()}", flush=True)
-            finally:  # stopped (SIGTERM, Ctrl-C): the step's process stops too
-                if proc.poll() is None:
-                    proc.terminate()
-                    proc.wait()
-        if proc.wait():
+            out = StepOutput(f)
+            error = (self.run_process if self.isolate else run_here)(cmd, out)
+            out.flush()
+        if error:
             tail = open(log).read().strip().splitlines()[-3:]
             print("\n".join(f"  {t}" for t in tail), file=sys.stderr)
-            sys.exit(f"reproduce.py: step {name} failed (exit {proc.returncode}); its log: {log}; "
+            sys.exit(f"reproduce.py: step {name} failed ({error}); its log: {log}; "
                      f"the same command goes on from this step")
         self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": key,
-                           "split": split}
+                           "split": out.split}
         write_json(self.state_path, {"settings": self.settings, "steps": self.done})
         if self.after:
             self.after()
+
+    @staticmethod
+    def run_process(cmd, out):
+        """cmd as a process of its own, its output into out; an error's words, or None."""
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            for line in proc.stdout:
+                out.write(line)
+        finally:  # stopped (SIGTERM, Ctrl-C): the step's process stops too
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+        return f"exit {proc.returncode}" if proc.wait() else None
+
+
+class StepOutput(io.TextIOBase):
+    """A step's output: all of it to its log, its progress lines to the terminal, and its clock's
+    line (cli.Clock) read into `split`."""
+
+    SHOWN = ("eval", "step", "stage", "warning", "wrote", "S-NIAH", "|", "time:")
+
+    def __init__(self, log):
+        self.log, self.part, self.split = log, "", None
+        self.terminal = sys.stdout  # taken before the step's output is redirected here
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.log.write(text)
+        *lines, self.part = (self.part + text).split("\n")
+        for line in lines:
+            if line.startswith("time:"):
+                self.split = cli.read_time(line)
+            if line.startswith(self.SHOWN):
+                print(f"  {line.rstrip()}", file=self.terminal, flush=True)
+        return len(text)
+
+    def flush(self):
+        self.log.flush()
+
+
+class Stop(BaseException):
+    """SIGTERM: unwinds through a step running in this process (never caught as its failure)."""
+
+
+def run_here(cmd, out):
+    """cmd's script (train.py, evaluate.py or niah.py) run by its main() in this process, its
+    output into out; an error's words, or None. Its GPU memory is given back afterwards."""
+    import importlib
+    import traceback
+
+    import torch
+
+    script = importlib.import_module(os.path.basename(cmd[1])[:-3])
+    error = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            script.main(cmd[2:])
+        except SystemExit as e:  # the scripts' one-line errors
+            if e.code not in (None, 0):
+                if isinstance(e.code, str):  # as Python prints it at a process's exit
+                    print(e.code)
+                error = f"exit {e.code if isinstance(e.code, int) else 1}"
+        except Exception as e:  # noqa: BLE001 -- a step's failure is reported, then the run stops
+            traceback.print_exc()
+            error = f"{type(e).__name__}: {e}".splitlines()[0]
+    torch._dynamo.reset()  # compiled graphs of this step's models: gone with them
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return error
 
 
 def stage_history(path):
@@ -469,7 +540,7 @@ def check_inputs(args):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if __name__ == "__main__":  # a stop (kill, timeout) unwinds, so the processes it started stop too
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit("reproduce.py: stopped; the same command goes on from here"))
+        signal.signal(signal.SIGTERM, stop)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  allow_abbrev=False)
     ap.error = lambda msg: sys.exit(f"reproduce.py: {msg} (--help lists the settings)")  # one line, no usage block
@@ -506,6 +577,8 @@ def main(argv=None):
     ap.add_argument("--val", default=os.path.join("data", "modern", "val.bin"), help="held-out text for perplexity and KL")
     ap.add_argument("--work", default=os.path.join("out", "reproduce"), help="checkpoints and logs")
     ap.add_argument("--results", default=os.path.join("results", "study"), help="where <name>.json goes")
+    ap.add_argument("--isolate", action="store_true", help="run each step as a process of its own (default: "
+                    "in this one, so that start-up and compiled kernels are paid once a run)")
     ap.add_argument("--all", action="store_true", help="every run (the seven mixers, the hybrid, swa, the teacher), "
                     "one a GPU at a time")
     ap.add_argument("--runs", default=",".join(RUNS), help="with --all: which of them")
@@ -564,6 +637,7 @@ def main(argv=None):
     if args.teacher:
         result["settings"] = evals
         pipe, ckpt = Pipeline(args.work, name, {}), {}
+        pipe.isolate = args.isolate
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
         measure(pipe, "teacher", "teacher", args, py)
@@ -595,6 +669,7 @@ def main(argv=None):
         if args.long_context:  # recorded only when set: a baseline's settings stay as they were
             result["settings"].update(long_context=args.long_context, long_frac=args.long_frac)
         pipe = Pipeline(args.work, name, dict(result["settings"]))
+        pipe.isolate = args.isolate
         result["settings"].update(evals)
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
             [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else []) + (
@@ -628,5 +703,12 @@ def main(argv=None):
     print(f"wrote {out}")
 
 
+def stop(*_):
+    raise Stop
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (Stop, KeyboardInterrupt):
+        sys.exit("reproduce.py: stopped; the same command goes on from here")
