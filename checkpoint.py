@@ -254,6 +254,18 @@ def _gguf_cached(path):
     return config, state
 
 
+def empty_model(config):
+    """model.SmolLM2(config) on the CPU with its tensors allocated but not initialized, for a
+    state dict to fill whole: built on the meta device, it skips the random init that the weights
+    would overwrite (seconds a model on a CPU)."""
+    with torch.device("meta"):
+        net = M.SmolLM2(config)
+    net = net.to_empty(device="cpu")
+    if config.tie_embeddings:  # to_empty gives each module its own tensor: tie them again
+        net.lm_head.weight = net.model.embed_tokens.weight
+    return net
+
+
 def load_state_strict(model, state):
     """Copy a Hugging Face-named state dict into model: every key and shape must match."""
     own = model.state_dict()
@@ -406,7 +418,7 @@ def load(source="default", mixer=None, device="cpu", dtype=torch.float32, backen
     """The model at source (see the module docstring) on device in dtype; with mixer, an
     untrained student of it with that mixer. backend: the backend its mixers run on (model.set_backend)."""
     config, state = read(source)
-    net = M.SmolLM2(config)
+    net = empty_model(config)
     load_state_strict(net, state)
     if mixer:
         net = student_from_teacher(net, mixer)
