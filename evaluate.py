@@ -90,11 +90,11 @@ class Settings(checkpoint.ModelSettings):  # the model's settings first: --init_
     mc_source: str = "offline"  # offline (data/mc_offline/) or hub (through `datasets`)
     mc_dir: str = os.path.join(ROOT, "data", "mc_offline")  # offline task files
     mc_limit: int = 50  # questions per task, evenly spaced; 0 = all (on a GPU: 0)
-    batch_size: int = 4  # sequences per forward (on a GPU: 32)
+    batch_size: int = 4  # sequences per forward (on a GPU: 64)
     out: str = ""  # write the results here as JSON
 
 
-GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "max_windows": 256, "mc_limit": 0, "batch_size": 32}
+GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "max_windows": 256, "mc_limit": 0, "batch_size": 64}
 RULES = [("mc_limit", lambda v: v >= 0, "a number of questions, or 0 for all"),
          ("mc_source", lambda v: v in ("offline", "hub"), "offline or hub")] + [
     (k, lambda v: v >= 1, "an integer >= 1") for k in ("seq_len", "max_windows", "batch_size")]
@@ -180,8 +180,8 @@ def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048):
                 row += [r] * n
                 pos += range(len(ids) - 1 - n, len(ids) - 1)  # positions predicting the continuation
                 target += ids[len(ids) - n:]
-        logits = net(x.to(device))[torch.tensor(row, device=device), torch.tensor(pos, device=device)]
-        logp = F.log_softmax(logits.float(), -1)  # (scored tokens, V): only the rows scored
+        h = net.hidden(x.to(device))[torch.tensor(row, device=device), torch.tensor(pos, device=device)]
+        logp = F.log_softmax(net.lm_head(h).float(), -1)  # (scored tokens, V): the head on those alone
         t = torch.tensor(target, device=device)
         lp, hit = logp.gather(-1, t[:, None])[:, 0], logp.argmax(-1) == t
         lp, hit = lp.tolist(), hit.tolist()  # one transfer a batch
