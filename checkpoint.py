@@ -221,16 +221,44 @@ def read_gguf(path):
     return config, state
 
 
+def gguf_cache(path):
+    """The folder under CACHE_DIR that holds what was converted from the GGUF file at path, named
+    by a hash of its content: every clone's copy of the same file shares one cache."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return os.path.join(CACHE_DIR, f"gguf-{digest.hexdigest()[:16]}")
+
+
+def write_cached(path, write):
+    """write(temporary path), then rename it to path: a kill leaves no half file. False (and a
+    line on stderr) when the disk refuses: a cache is only an optimization."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write(path + ".tmp")
+        os.replace(path + ".tmp", path)
+        return True
+    except Exception as e:  # a full or read-only disk (OSError, SafetensorError)
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        print(f"could not cache {path} ({type(e).__name__}: {e}); going on without the cache", file=sys.stderr)
+        return False
+
+
+def json_writer(obj):
+    """A write() for write_cached: obj as JSON."""
+    def write(path):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(obj, f)
+    return write
+
+
 def _gguf_cached(path):
     """read_gguf, with the converted weights cached as safetensors next to a config.json."""
     from safetensors.torch import load_file, save_file
 
-    digest = hashlib.sha256()  # of the content: every clone's copy of the same file shares one cache
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    key = digest.hexdigest()[:16]
-    folder = os.path.join(CACHE_DIR, f"gguf-{key}")
+    folder = gguf_cache(path)
     wpath, cpath = os.path.join(folder, "model.safetensors"), os.path.join(folder, "config.json")
     if os.path.exists(wpath) and os.path.exists(cpath):
         with open(cpath) as f:
@@ -238,19 +266,8 @@ def _gguf_cached(path):
     print(f"converting {os.path.basename(path)} to safetensors under {folder} (once; later loads are fast)",
           file=sys.stderr)
     config, state = read_gguf(path)
-    try:  # write to temporary names, then rename: a killed conversion leaves no half file
-        os.makedirs(folder, exist_ok=True)
-        save_file(state, wpath + ".tmp")
-        with open(cpath + ".tmp", "w") as f:
-            json.dump(config.to_dict(), f)
-        os.replace(wpath + ".tmp", wpath)
-        os.replace(cpath + ".tmp", cpath)
-    except Exception as e:  # a full or read-only disk (OSError, SafetensorError): the cache is only an optimization
-        for tmp in (wpath + ".tmp", cpath + ".tmp"):
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        print(f"could not cache the converted weights under {folder} ({type(e).__name__}: {e}); "
-              f"going on without the cache", file=sys.stderr)
+    if write_cached(wpath, lambda tmp: save_file(state, tmp)):  # the config last: it marks the cache whole
+        write_cached(cpath, json_writer(config.to_dict()))
     return config, state
 
 
@@ -369,8 +386,18 @@ def read(source):
 
 
 def load_tokenizer(source="default"):
-    """The tokenizer of anything load() takes but a .pt checkpoint, which holds no vocabulary."""
-    return tokenizer.load_tokenizer(resolve(source))
+    """The tokenizer of anything load() takes but a .pt checkpoint, which holds no vocabulary. A
+    GGUF file's vocabulary is cached beside its converted weights (gguf's reader takes seconds)."""
+    path = resolve(source)
+    if os.path.isdir(path) or not path.endswith(".gguf"):
+        return tokenizer.load_tokenizer(path)
+    vpath = os.path.join(gguf_cache(path), "vocab.json")
+    if os.path.exists(vpath):
+        with open(vpath, encoding="utf-8") as f:
+            return tokenizer.Tokenizer(*json.load(f))
+    tokens, special = tokenizer.read_gguf_vocab(path)
+    write_cached(vpath, json_writer([tokens, special]))
+    return tokenizer.Tokenizer(tokens, special)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,7 +148,8 @@ class Tokenizer:
 # Loading the vocabulary
 
 
-def _from_gguf(path):
+def read_gguf_vocab(path):
+    """(tokens, {special token: id}) of a GGUF file's byte-level BPE."""
     import gguf  # only needed for GGUF files
 
     reader = gguf.GGUFReader(path)
@@ -188,5 +189,5 @@ def load_tokenizer(path):
             raise FileNotFoundError(f"{path}: snapshot has no tokenizer.json")
         tokens, special = _from_tokenizer_json(tj)
     else:
-        tokens, special = _from_gguf(path)
+        tokens, special = read_gguf_vocab(path)
     return Tokenizer(tokens, special)

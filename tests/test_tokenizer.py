@@ -123,3 +123,17 @@ def test_snapshot_tokenizer_json(tmp_path, tok, reference):
     t2 = T.Tokenizer(*T._from_tokenizer_json(str(tmp_path / "tokenizer.json")))
     for d in HARD:
         assert t2.encode(d) == tok.encode(d)
+
+
+def test_the_vocabulary_cached_beside_the_weights_is_the_gguf_files(tmp_path, monkeypatch, reference):
+    monkeypatch.setattr(checkpoint, "CACHE_DIR", str(tmp_path))
+    first = checkpoint.load_tokenizer("default")  # read from the GGUF file, then cached
+    assert glob.glob(str(tmp_path / "gguf-*" / "vocab.json"))
+    cached = checkpoint.load_tokenizer("default")
+    ref, _ = reference
+    for text in HARD:
+        assert cached.encode(text) == first.encode(text), text  # first: checked against ref above
+        assert cached.decode(cached.encode(text)) == first.decode(first.encode(text))
+    chat = "<|im_start|>user\nhi<|im_end|>"
+    assert cached.encode(chat, allow_special=True) == ref.encode(chat).ids
+    assert (cached.eot_id, cached.im_start_id, cached.im_end_id) == (0, 1, 2)
