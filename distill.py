@@ -196,8 +196,16 @@ def set_trainable(student, stage):
 # The teacher's side
 
 
+def teacher_block(block, x, rope):
+    """One block of the teacher (model.Block.forward's two lines, kept apart): (its output, its
+    attention output after o_proj), each [B, T, C]."""
+    a = block.self_attn(block.input_layernorm(x), rope)
+    x = x + a
+    return x + block.mlp(block.post_attention_layernorm(x)), a
+
+
 @torch.no_grad()
-def teacher_pass(teacher, idx, stage, head=False):
+def teacher_pass(teacher, idx, stage, head=False, block_fn=teacher_block):
     """Run the frozen teacher on idx [B, T], block by block, keeping what `stage` matches.
 
     Returns a dict: "hidden", a list of L+1 tensors [B, T, C] (the residual stream entering
@@ -213,10 +221,8 @@ def teacher_pass(teacher, idx, stage, head=False):
     x = teacher.model.embed_tokens(idx)  # (B, T, C)
     rope = teacher.rope(idx.shape[1], device=idx.device)
     hidden, attn = [x], []
-    for block in teacher.model.layers:  # the two lines of model.Block.forward, kept apart
-        a = block.self_attn(block.input_layernorm(x), rope)  # (B, T, C)
-        x = x + a
-        x = x + block.mlp(block.post_attention_layernorm(x))
+    for block in teacher.model.layers:
+        x, a = block_fn(block, x, rope)  # teacher_block, or train.py's compiled copy of it
         hidden.append(x)
         attn.append(a)
     if loss in ("attention", "hidden"):

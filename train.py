@@ -20,6 +20,7 @@ References: 1) karpathy/nanoGPT train.py, the shape of this loop; 2) Hu et al. 2
 warmup-stable-decay schedule.
 """
 
+import functools
 import math
 import os
 import sys
@@ -94,6 +95,8 @@ class Settings:
     #   bf16, bf16 is 40x slower)
     backend: str = "torch"  # the mixers' backend: "naive", "torch" or "triton" (mixers.py)
     compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
+    compile_blocks: bool = False  # with compile: compile a block's code once for every layer
+    #   (the student's blocks, the teacher's), not the whole step: less compiling, fewer fusions
     seed: int = 1337  # new mixer weights and the order of batches
     peak_tflops: float = 0.0  # per device, for MFU; 0 = no MFU
 
@@ -418,9 +421,14 @@ def main(argv=None, after_step=None):
     loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature,
                                    s.backend)
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
-    train_model = torch.compile(loss_model) if s.compile else loss_model
-    # the frozen teacher: forward only
-    teacher_pass = torch.compile(distill.teacher_pass) if s.compile else distill.teacher_pass
+    train_model, teacher_pass = loss_model, distill.teacher_pass  # the frozen teacher: forward only
+    if s.compile and s.compile_blocks:  # one compilation serves every block of a kind
+        for block in student.model.layers:
+            block.compile()
+        block_fn = torch.compile(distill.teacher_block)
+        teacher_pass = functools.partial(teacher_pass, block_fn=block_fn)
+    elif s.compile:  # the whole step, fused across blocks and into the loss
+        train_model, teacher_pass = torch.compile(loss_model), torch.compile(teacher_pass)
     if ddp:
         ids = [torch.cuda.current_device()] if dev_type == "cuda" else None
         train_model = DDP(train_model, device_ids=ids)

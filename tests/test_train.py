@@ -503,3 +503,22 @@ def test_compiled_training_matches_eager(setup, tmp_path):
                             compile=compiled))
         losses[compiled] = [loss for _, loss in h["train"]]
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile on a CPU needs a C compiler")
+def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path):
+    # --compile_blocks=true compiles each block (the student's and the teacher's), not the step
+    from torch._dynamo.utils import counters
+
+    losses = {}
+    counters.clear()
+    for blocks in (None, True):
+        extra = dict(compile=True, compile_blocks=True) if blocks else {}
+        h = train.main(args(setup, out_dir=tmp_path / str(blocks), stage="3", init_from="teacher", max_iters=2,
+                            eval_interval=2, **extra))
+        losses[blocks] = [loss for _, loss in h["train"]] + [v["loss"] for v in h["val"]]
+    assert losses[True] == pytest.approx(losses[None], rel=1e-4)
+    # the student's block (training, and evaluating without gradients) and the teacher's: one
+    # compilation each for both layers (one a layer would be at least 4)
+    assert 2 <= counters["stats"]["unique_graphs"] <= 3
