@@ -231,9 +231,9 @@ def gguf_cache(path):
     return os.path.join(CACHE_DIR, f"gguf-{digest.hexdigest()[:16]}")
 
 
-def write_cached(path, write):
+def write_cached(path, write, what):
     """write(temporary path), then rename it to path: a kill leaves no half file. False (and a
-    line on stderr) when the disk refuses: a cache is only an optimization."""
+    line on stderr that names `what`) when the disk refuses: a cache is only an optimization."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write(path + ".tmp")
@@ -242,7 +242,8 @@ def write_cached(path, write):
     except Exception as e:  # a full or read-only disk (OSError, SafetensorError)
         if os.path.exists(path + ".tmp"):
             os.remove(path + ".tmp")
-        print(f"could not cache {path} ({type(e).__name__}: {e}); going on without the cache", file=sys.stderr)
+        print(f"could not cache {what} under {os.path.dirname(path)} ({type(e).__name__}: {e}); going on "
+              f"without the cache", file=sys.stderr)
         return False
 
 
@@ -266,8 +267,8 @@ def _gguf_cached(path):
     print(f"converting {os.path.basename(path)} to safetensors under {folder} (once; later loads are fast)",
           file=sys.stderr)
     config, state = read_gguf(path)
-    if write_cached(wpath, lambda tmp: save_file(state, tmp)):  # the config last: it marks the cache whole
-        write_cached(cpath, json_writer(config.to_dict()))
+    if write_cached(wpath, lambda tmp: save_file(state, tmp), "the converted weights"):
+        write_cached(cpath, json_writer(config.to_dict()), "the config")  # last: it marks the cache whole
     return config, state
 
 
@@ -396,7 +397,7 @@ def load_tokenizer(source="default"):
         with open(vpath, encoding="utf-8") as f:
             return tokenizer.Tokenizer(*json.load(f))
     tokens, special = tokenizer.read_gguf_vocab(path)
-    write_cached(vpath, json_writer([tokens, special]))
+    write_cached(vpath, json_writer([tokens, special]), "the vocabulary")
     return tokenizer.Tokenizer(tokens, special)
 
 

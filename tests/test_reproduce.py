@@ -252,7 +252,8 @@ def test_a_step_in_this_process_logs_everything_shows_progress_and_reports_its_e
     shown = capsys.readouterr().out
     assert "step 3/9" in shown and "noise" not in shown and "partial" not in shown
     with pytest.raises(SystemExit) as e:  # niah.py's own one-line error, raised inside the step
-        pipe.step("niah_x", [sys.executable, "niah.py", f"--init_from={tmp_path / 'none.pt'}", "--lengths=128"])
+        pipe.step("niah_x", [sys.executable, "niah.py", f"--init_from={tmp_path / 'none.pt'}",
+                                    "--tasks=s_niah_1", "--lengths=128"])
     assert "step niah_x failed (exit 1)" in str(e.value) and "niah_x.log" in str(e.value)
     assert "none.pt" in open(tmp_path / "run" / "niah_x.log").read()
     assert "niah_x" not in pipe.done

@@ -47,6 +47,7 @@ def test_student_decodes_from_its_recurrent_state(capsys, teacher, tok):
                  "--device=cpu", "--dtype=float32"])
     out, err = capsys.readouterr()
     assert "gated_deltanet model" in err
+    torch.manual_seed(sample.Settings.seed)  # the same new weights as sample.py's student
     student = checkpoint.student_from_teacher(teacher, "gated_deltanet").eval()
     ids = tok.encode("The sky is")
     with torch.no_grad():
@@ -61,6 +62,7 @@ def test_decoding_caches_grow_for_the_teacher_and_not_for_students():
     torch.manual_seed(0)
     cfg = M.Config(vocab_size=64, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, intermediate_size=48)
     teacher = M.SmolLM2(cfg).eval()
+    torch.manual_seed(sample.Settings.seed)  # the same new weights as sample.py's student
     student = checkpoint.student_from_teacher(teacher, "gated_deltanet").eval()
     B, D = 3, cfg.head_dim
     per_token = 2 * cfg.n_layer * B * cfg.n_kv_head * D * 4  # k and v, fp32
