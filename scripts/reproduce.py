@@ -328,8 +328,8 @@ PHASES = {"startup": "start-up and loading", "first step": "compiling (first ste
 
 def time_table(done):
     """Where a run's seconds went, a markdown table: each step's wall time split by its own clock
-    (cli.Clock's phases, grouped as PHASES) and the rest ("process": Python's start and imports,
-    the time outside the step's clock)."""
+    (cli.Clock's phases, grouped as PHASES) and the rest ("process": the time outside the step's
+    clock: its imports, and with --isolate Python's and CUDA's start)."""
     cols = list(dict.fromkeys(PHASES.values())) + ["process", "total"]
     rows = ["| step | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     sums = dict.fromkeys(cols, 0.0)
