@@ -241,9 +241,10 @@ def run_here(cmd, out):
     import torch
 
     script = importlib.import_module(os.path.basename(cmd[1])[:-3])
-    error = None
+    error, here = None, os.getcwd()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
+            os.chdir(ROOT)  # where its paths start, as for a process of its own (run_process)
             script.main(cmd[2:])
         except SystemExit as e:  # the scripts' one-line errors
             if e.code not in (None, 0):
@@ -253,6 +254,8 @@ def run_here(cmd, out):
         except Exception as e:  # noqa: BLE001 -- a step's failure is reported, then the run stops
             traceback.print_exc()
             error = f"{type(e).__name__}: {e}".splitlines()[0]
+        finally:
+            os.chdir(here)
     torch._dynamo.reset()  # compiled graphs of this step's models: gone with them
     gc.collect()
     if torch.cuda.is_available():

@@ -239,7 +239,7 @@ def test_a_killed_step_runs_again_and_the_rest_stays_done(tiny):
     assert "incomplete" not in json.load(open(d / "results" / "gla.json"))
 
 
-def test_a_step_in_this_process_logs_everything_shows_progress_and_reports_its_error(tmp_path, capsys):
+def test_a_step_in_this_process_logs_everything_shows_progress_and_reports_its_error(tmp_path, capsys, monkeypatch):
     """A step runs by its script's main() here: the whole output in its log, the progress lines on
     the terminal, its clock read, and a failing step named with the error in one line."""
     pipe = reproduce.Pipeline(str(tmp_path), "run", {})
@@ -251,12 +251,13 @@ def test_a_step_in_this_process_logs_everything_shows_progress_and_reports_its_e
     assert out.split == {"startup": 1.5, "steps": 2.0, "total": 3.5}
     shown = capsys.readouterr().out
     assert "step 3/9" in shown and "noise" not in shown and "partial" not in shown
+    monkeypatch.chdir(tmp_path)  # a step runs from the repository, as its own process would, then comes back
     with pytest.raises(SystemExit) as e:  # niah.py's own one-line error, raised inside the step
         pipe.step("niah_x", [sys.executable, "niah.py", f"--init_from={tmp_path / 'none.pt'}",
                                     "--tasks=s_niah_1", "--lengths=128"])
     assert "step niah_x failed (exit 1)" in str(e.value) and "niah_x.log" in str(e.value)
     assert "none.pt" in open(tmp_path / "run" / "niah_x.log").read()
-    assert "niah_x" not in pipe.done
+    assert "niah_x" not in pipe.done and os.getcwd() == str(tmp_path)
 
 
 def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
