@@ -235,17 +235,20 @@ class Stop(BaseException):
 def run_here(cmd, out):
     """cmd's script (train.py, evaluate.py or niah.py) run by its main() in this process, its
     output into out; an error's words, or None. Its GPU memory is given back afterwards."""
-    import importlib
     import traceback
 
     import torch
 
-    script = importlib.import_module(os.path.basename(cmd[1])[:-3])
+    import evaluate
+    import niah
+    import train
+
+    main = {"train.py": train.main, "evaluate.py": evaluate.main, "niah.py": niah.main}[cmd[1]]
     error, here = None, os.getcwd()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
             os.chdir(ROOT)  # where its paths start, as for a process of its own (run_process)
-            script.main(cmd[2:])
+            main(cmd[2:])
         except SystemExit as e:  # the scripts' one-line errors
             if e.code not in (None, 0):
                 if isinstance(e.code, str):  # as Python prints it at a process's exit
