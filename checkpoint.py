@@ -20,6 +20,7 @@ References:
 """
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -221,14 +222,26 @@ def read_gguf(path):
     return config, state
 
 
+def magic(path):
+    """A file's first 4 bytes: b"GGUF" for a GGUF file, b"PK.." for torch.save's zip container."""
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
 def gguf_cache(path):
     """The folder under CACHE_DIR that holds what was converted from the GGUF file at path, named
     by a hash of its content: every clone's copy of the same file shares one cache."""
+    st = os.stat(path)
+    return os.path.join(CACHE_DIR, f"gguf-{_content_key(os.path.realpath(path), st.st_size, st.st_mtime_ns)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _content_key(path, size, mtime_ns):  # once a file version a process (the weights, then the vocabulary)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 24), b""):
             digest.update(block)
-    return os.path.join(CACHE_DIR, f"gguf-{digest.hexdigest()[:16]}")
+    return digest.hexdigest()[:16]
 
 
 def write_cached(path, write, what):
@@ -366,11 +379,10 @@ def read(source):
     path = resolve(source)
     if os.path.isdir(path):
         return read_snapshot(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
+    head = magic(path)
+    if head == b"GGUF":
         return _gguf_cached(path)
-    if magic[:2] == b"PK":  # torch.save's zip container: one of our checkpoints
+    if head[:2] == b"PK":  # torch.save's zip container: one of our checkpoints
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
@@ -390,7 +402,7 @@ def load_tokenizer(source="default"):
     """The tokenizer of anything load() takes but a .pt checkpoint, which holds no vocabulary. A
     GGUF file's vocabulary is cached beside its converted weights (gguf's reader takes seconds)."""
     path = resolve(source)
-    if os.path.isdir(path) or not path.endswith(".gguf"):
+    if os.path.isdir(path) or magic(path) != b"GGUF":
         return tokenizer.load_tokenizer(path)
     vpath = os.path.join(gguf_cache(path), "vocab.json")
     if os.path.exists(vpath):

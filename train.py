@@ -423,6 +423,7 @@ def main(argv=None, after_step=None):
     loss_model = distill.StageLoss(student, s.stage, s.ce_weight, s.kl_weight, s.temperature,
                                    s.backend)
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
+    # (whose blocks --compile_blocks compiles in place: evals run them compiled too)
     train_model, teacher_pass = loss_model, distill.teacher_pass  # the frozen teacher: forward only
     if s.compile and s.compile_blocks:  # one compilation serves every block of a kind
         for block in student.model.layers:

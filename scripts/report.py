@@ -47,6 +47,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # evaluate.wilson, the intervals of NIAH accuracies
+from reproduce import LONG_FRAC  # noqa: E402  -- a run's share of stage 3 at the long length, by default
 ORDER = ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda", "hybrid", "swa")
 NAMES = {"linear_attention": "Linear Attention", "retnet": "RetNet", "gla": "GLA", "mlstm": "mLSTM",
          "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "kda": "KDA", "swa": "SWA"}
@@ -70,7 +71,6 @@ FEW = 4  # fewer mixers with both points than this: an order too short to judge
 DELTA = ("deltanet", "gated_deltanet", "kda")  # the delta-rule mixers (KDA: the delta rule, gated per channel)
 RECIPE_LENGTHS = (512, 1024)  # the study's recipe trains on these: distillation, then SFT
 TRAINED = max(RECIPE_LENGTHS)  # "beyond the training length": a baseline saw nothing longer
-LONG_FRAC = 0.25  # reproduce.py's default share of stage 3 at the long length
 # what a baseline and its long-context run must share to be set side by side: the student, the
 # recipe and the budget (reproduce.py's settings; the evaluation's may differ)
 RECIPE = ("mixer", "softmax_layers", "window", "tokens", "stage_tokens", "tokens_per_step", "sft_tokens_per_step",

@@ -144,7 +144,7 @@ class Pipeline:
     """The steps of one run, each skipped when <work>/<name>/done.json says it finished with the
     same settings."""
 
-    def __init__(self, work, name, settings):
+    def __init__(self, work, name, settings, isolate=False):
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir, exist_ok=True)
         self.state_path = os.path.join(self.dir, "done.json")
@@ -154,7 +154,7 @@ class Pipeline:
                      f"give another --name or --work, or remove that folder")
         self.settings, self.done = settings, state.get("steps", {})
         self.after = None  # called after each step that runs
-        self.isolate = False  # each step a process of its own (--isolate)
+        self.isolate = isolate  # each step a process of its own (--isolate)
 
     def finished(self, name, key=None):
         """Step `name` is done, with the same key: an evaluation's own settings, which may change
@@ -173,7 +173,7 @@ class Pipeline:
         t0 = time.time()
         with open(log, "w") as f:
             out = StepOutput(f)
-            error = (self.run_process if self.isolate else run_here)(cmd, out)
+            error = (run_process if self.isolate else run_here)(cmd, out)
             out.flush()
         if error:
             tail = open(log).read().strip().splitlines()[-3:]
@@ -185,20 +185,6 @@ class Pipeline:
         write_json(self.state_path, {"settings": self.settings, "steps": self.done})
         if self.after:
             self.after()
-
-    @staticmethod
-    def run_process(cmd, out):
-        """cmd as a process of its own, its output into out; an error's words, or None."""
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            for line in proc.stdout:
-                out.write(line)
-        finally:  # stopped (SIGTERM, Ctrl-C): the step's process stops too
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait()
-        return f"exit {proc.returncode}" if proc.wait() else None
 
 
 class StepOutput(io.TextIOBase):
@@ -230,6 +216,20 @@ class StepOutput(io.TextIOBase):
 
 class Stop(BaseException):
     """SIGTERM: unwinds through a step running in this process (never caught as its failure)."""
+
+
+def run_process(cmd, out):
+    """cmd as a process of its own, its output into out; an error's words, or None."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            out.write(line)
+    finally:  # stopped (SIGTERM, Ctrl-C): the step's process stops too
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+    return f"exit {proc.returncode}" if proc.wait() else None
 
 
 def run_here(cmd, out):
@@ -482,7 +482,7 @@ def check_settings(args):
 
 def teacher_config(given):
     """The model.Config of the run's teacher (--extra's --teacher, or train.py's default), read
-    from its file without loading the weights, or a one-line exit."""
+    from its file (checkpoint.read, which reads the weights too), or a one-line exit."""
     import checkpoint
     import train
 
@@ -642,8 +642,7 @@ def main(argv=None):
     out = os.path.join(args.results, name + ".json")
     if args.teacher:
         result["settings"] = evals
-        pipe, ckpt = Pipeline(args.work, name, {}), {}
-        pipe.isolate = args.isolate
+        pipe, ckpt = Pipeline(args.work, name, {}, args.isolate), {}
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
         measure(pipe, "teacher", "teacher", args, py)
@@ -674,8 +673,7 @@ def main(argv=None):
             result["settings"]["window"] = args.window
         if args.long_context:  # recorded only when set: a baseline's settings stay as they were
             result["settings"].update(long_context=args.long_context, long_frac=args.long_frac)
-        pipe = Pipeline(args.work, name, dict(result["settings"]))
-        pipe.isolate = args.isolate
+        pipe = Pipeline(args.work, name, dict(result["settings"]), args.isolate)
         result["settings"].update(evals)
         common = [f"--mixer={args.mixer}", f"--out_dir={pipe.dir}"] + (
             [f"--softmax_layers={args.softmax_layers}"] if args.softmax_layers else []) + (
