@@ -19,6 +19,7 @@ References:
 3) What Matters in Linearizing Language Models? arXiv 2504.14366 (building the student)
 """
 
+import copy
 import dataclasses
 import functools
 import glob
@@ -28,6 +29,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -319,10 +321,12 @@ def load_state_strict(model, state):
             own[k].copy_(state[k])
 
 
-def save(path, model, **extra):
+def save(path, model, background=False, **extra):
     """Our own checkpoint (students and trained models): config, weights and whatever the
     caller adds (optimizer, step, settings). Written to a temporary file, then renamed, so a
-    kill at any moment leaves either the old checkpoint or the new one, never half of one."""
+    kill at any moment leaves either the old checkpoint or the new one, never half of one.
+    background=True: the state is copied to host memory here, and a thread writes the file while
+    the caller goes on (train.py's loop); wait() returns when every such write is done."""
     raw = getattr(model, "module", model)  # unwrap DistributedDataParallel / torch.compile
     raw = getattr(raw, "_orig_mod", raw)
     state = {k: v for k, v in raw.state_dict().items() if not (raw.config.tie_embeddings and k == "lm_head.weight")}
@@ -333,6 +337,49 @@ def save(path, model, **extra):
     if need > free:
         raise OSError(f"{path}: the checkpoint needs about {need / 2**30:.2f} GiB and {folder} has "
                       f"{free / 2**30:.2f} GiB free; make room or write elsewhere (--out_dir)")
+    if not background:
+        return _write(path, blob)
+    _raise_failed()  # an earlier write's error comes out at the next save, or at wait()
+    blob = _host_copy(blob)  # the caller's tensors (live weights, optimizer moments) may change now
+    while sum(t.is_alive() for t in _writes) >= 2:  # at most two checkpoints in host memory
+        _writes[0].join()
+        _writes.pop(0)
+    after = _writes[-1] if _writes else None  # one write at a time, in the order of the calls
+    thread = threading.Thread(target=_write_after, args=(after, path, blob), name=f"save {path}")
+    thread.start()  # not a daemon: an exiting process (a stopped run's) finishes the write first
+    _writes.append(thread)
+
+
+_writes = []  # this process's background writes, oldest first
+_failed = []  # their errors, raised by the next save or by wait()
+
+
+def wait():
+    """Returns once every background write of this process is on disk; raises the first error
+    of any that failed (an OSError as save's own)."""
+    while _writes:
+        _writes.pop(0).join()
+    _raise_failed()
+
+
+def _raise_failed():
+    if _failed:
+        error = _failed[0]
+        _failed.clear()
+        raise error
+
+
+def _write_after(before, path, blob):
+    if before is not None:
+        before.join()
+    try:
+        _write(path, blob)
+    except Exception as e:  # kept for the caller's thread: raised there, at its next save or wait
+        _failed.append(e)
+
+
+def _write(path, blob):
+    folder = os.path.dirname(os.path.abspath(path))
     try:
         torch.save(blob, path + ".tmp")
     except Exception as e:  # a full disk shows as an error of torch's zip writer
@@ -343,6 +390,18 @@ def save(path, model, **extra):
                       f"{free / 2**30:.2f} GiB free there; the partial file is removed and the previous "
                       f"checkpoint, if any, is intact") from None
     os.replace(path + ".tmp", path)
+
+
+def _host_copy(obj):
+    """obj with every tensor copied to host memory and every container (and value) copied:
+    what a thread may write while the caller trains on and appends to its history."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_host_copy(v) for v in obj)
+    return copy.deepcopy(obj)
 
 
 def check_writable(folder, what):

@@ -278,9 +278,10 @@ def models_and_data(s, resuming, device, master):
 
 
 def save(path, student, optimizer, step, s, history):
-    """One checkpoint through checkpoint.save (written whole, then renamed)."""
-    checkpoint.save(path, student, optimizer=optimizer.state_dict(), step=step, settings=asdict(s),
-                    history=history)
+    """One checkpoint through checkpoint.save (written whole, then renamed), by a thread while
+    the loop goes on."""
+    checkpoint.save(path, student, background=True, optimizer=optimizer.state_dict(), step=step,
+                    settings=asdict(s), history=history)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +389,7 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock):
         with stops(errors=OSError):
             save(ckpt_path(s), student, optimizer, step, s, history)
             if str(step) in s.keep_at.split(","):  # the weights alone, for a later evaluation
-                checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student)
+                checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student, background=True)
         watch.saved_step = step
     plot(history, ckpt_path(s)[:-3] + ".png")
     clock.mark("checkpoints")
@@ -403,6 +404,8 @@ def main(argv=None, after_step=None):
     after_step(step), when given, runs after every optimizer step and ends the loop by returning
     True (scripts/profile_train.py)."""
     clock = cli.Clock()  # where this run's seconds go: its last line
+    with stops(errors=OSError):
+        checkpoint.wait()  # a write left in flight by a run stopped in this process ends first
     s, state = settings(sys.argv[1:] if argv is None else argv)
     if state is not None and s.max_iters <= state["step"]:
         print(f"{ckpt_path(s)} is complete (step {state['step']} of {s.max_iters}); "
@@ -501,6 +504,9 @@ def main(argv=None, after_step=None):
             eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)
             meter.restart(step)
     clock.mark("steps", wait)
+    with stops(errors=OSError):
+        checkpoint.wait()  # the last checkpoint is on disk before the stage counts as done
+    clock.mark("checkpoints")
     log(clock.line())
     # every rank waits for rank 0's last eval and checkpoint (gloo may abort one that leaves early)
     if ddp:

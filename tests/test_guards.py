@@ -105,6 +105,48 @@ def test_a_failed_write_removes_its_partial_file_and_keeps_the_old_checkpoint(tm
     assert os.listdir(tmp_path) == ["a.pt"] and digest(path) == good
 
 
+def test_a_background_write_keeps_the_state_of_its_call_and_its_error_comes_out_at_wait(tmp_path, monkeypatch):
+    model, history = tiny_teacher(), {"train": [(1, 2.0)]}
+    path, fore = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
+    checkpoint.save(fore, model, history=history)
+    checkpoint.save(path, model, background=True, history=history)
+    with torch.no_grad():  # the loop goes on while the thread writes: none of it may reach the file
+        for p in model.parameters():
+            p.add_(1.0)
+    history["train"].append((2, 1.0))
+    checkpoint.wait()
+    a, b = torch.load(path, weights_only=True), torch.load(fore, weights_only=True)
+    assert a["history"] == {"train": [(1, 2.0)]} == b["history"]
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    good = digest(path)
+
+    def full_disk(obj, f):
+        open(f, "wb").write(b"PK" + b"\0" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    checkpoint.save(path, model, background=True)  # returns; the thread fails
+    with pytest.raises(OSError, match="could not write the checkpoint.*partial file is removed"):
+        checkpoint.wait()
+    checkpoint.wait()  # reported once
+    assert sorted(os.listdir(tmp_path)) == ["a.pt", "b.pt"] and digest(path) == good
+
+
+def test_a_process_stopped_while_a_checkpoint_is_written_writes_it_whole_first(tmp_path):
+    # a stopped run (Ctrl-C, or reproduce.py's SIGTERM) unwinds and exits: the write in flight ends
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import checkpoint, model as M\n"
+            "m = M.SmolLM2(M.Config(vocab_size=64, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, "
+            "intermediate_size=64, max_seq_len=64))\n"
+            "checkpoint.save(sys.argv[2], m, background=True, big=torch.ones(2**25))\n"
+            "raise KeyboardInterrupt")
+    path = str(tmp_path / "a.pt")
+    r = subprocess.run([sys.executable, "-c", code, ROOT, path], capture_output=True, text=True)
+    assert r.returncode == -2 and "KeyboardInterrupt" in r.stderr, r.stderr  # exits by SIGINT, as Python does
+    assert os.listdir(tmp_path) == ["a.pt"]
+    assert torch.equal(torch.load(path, weights_only=True)["big"], torch.ones(2**25))
+
+
 def test_a_failing_cache_disk_does_not_stop_loading_the_gguf(tmp_path, monkeypatch, capsys):
     import safetensors.torch
 

@@ -342,6 +342,7 @@ def test_a_long_context_run_killed_before_or_after_the_switch_resumes_bitwise(se
         with pytest.raises(KeyboardInterrupt):
             train.main(args(setup, out_dir=out, **run))
         monkeypatch.setattr(train, "save", real_save)
+        checkpoint.wait()  # as the process's exit would: its checkpoint's write ends first
         assert torch.load(out / MIXER / "stage3.pt", weights_only=True)["step"] == kill
         resumed = train.main(args(setup, out_dir=out, **run))  # the same command again
         assert resumed["train"] == whole["train"] and resumed["val"] == whole["val"], kill  # bitwise equal
