@@ -279,8 +279,8 @@ def models_and_data(s, resuming, device, master):
 
 def save(path, student, optimizer, step, s, history):
     """One checkpoint through checkpoint.save (written whole, then renamed)."""
-    checkpoint.save(path, student, background=writes_behind(student),
-                    optimizer=optimizer.state_dict(), step=step, settings=asdict(s), history=history)
+    checkpoint.save(path, student, background=writes_behind(student), step=step,
+                    optimizer=optimizer.state_dict(), settings=asdict(s), history=history)
 
 
 def writes_behind(student):
