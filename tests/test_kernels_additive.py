@@ -116,8 +116,8 @@ def test_state_hands_over(gate):
 def test_a_fixed_gate_leaves_the_other_gradients_bit_for_bit(gate):
     # a gate that is not learned (RetNet's decay) skips its gradient's work in the backward;
     # dq, dk, dv and dh0 stay those of the same call with the gate learned, and g gets none
-    (q, k, v), g, h0 = make_inputs(gate, 2, 45, 2, 20, 17)
-    do = torch.randn(2, 45, 2, 17, generator=torch.Generator(DEV).manual_seed(1), device=DEV)
+    (q, k, v), g, h0 = make_inputs(gate, 1, 45, 1, 20, 17)
+    do = torch.randn(1, 45, 1, 17, generator=torch.Generator(DEV).manual_seed(1), device=DEV)
     grads = {}
     for learned in (True, False):
         leaves = [x.clone().requires_grad_() for x in (q, k, v, h0)]

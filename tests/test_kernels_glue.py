@@ -402,7 +402,7 @@ def test_a_student_compiles_whole_on_the_triton_backend(stage):
     import model
 
     torch.manual_seed(0)
-    cfg = model.Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64)
+    cfg = model.Config(vocab_size=64, n_layer=1, n_embd=32, n_head=2, n_kv_head=1, intermediate_size=64)
     teacher = model.SmolLM2(cfg).to(DEV)
     student = checkpoint.student_from_teacher(teacher, "gated_deltanet").set_backend("triton")
     x = torch.randint(0, 64, (2, 40), device=DEV)

@@ -186,15 +186,16 @@ def test_compiled_dynamic_length(inductor, family):
     fn, _ = additive("channel") if family == "additive" else delta("head")
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(fn, backend=counter, fullgraph=True)
+    b = 1  # one sequence: the lengths are the point
     for length in (20, 45):
         gen = torch.Generator(DEV).manual_seed(length)
-        q, k, v, h0 = rnd(gen, B, length, H, K), rnd(gen, B, length, H, K), rnd(gen, B, length, H, V), rnd(gen, B, H, K, V)
+        q, k, v, h0 = rnd(gen, b, length, H, K), rnd(gen, b, length, H, K), rnd(gen, b, length, H, V), rnd(gen, b, H, K, V)
         if family == "additive":
-            args = [q, k, v, logdecay(gen, B, length, H, K), h0]
+            args = [q, k, v, logdecay(gen, b, length, H, K), h0]
         else:
             k = F.normalize(k.detach(), dim=-1).requires_grad_()
-            args = [q, k, v, torch.rand(B, length, H, generator=gen, device=DEV).requires_grad_(),
-                    logdecay(gen, B, length, H), h0]
+            args = [q, k, v, torch.rand(b, length, H, generator=gen, device=DEV).requires_grad_(),
+                    logdecay(gen, b, length, H), h0]
         out, grads = outputs_and_grads(fn, args)
         cout, cgrads = outputs_and_grads(compiled, args, dynamic=range(len(args) - 1))
         for c, e in zip(cout + cgrads, out + grads):
