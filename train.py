@@ -285,7 +285,7 @@ def save(path, student, optimizer, step, s, history):
 
 def writes_behind(student):
     """Whether a thread writes the checkpoints while the steps go on: on a GPU, whose host has
-    cores to spare; a CPU run trains on every core (about 3 s more of steps a write on 2 cores)."""
+    cores to spare; a CPU run trains on every core, and a writing thread slows its steps."""
     return next(student.parameters()).is_cuda
 
 
