@@ -19,6 +19,7 @@ References:
 3) What Matters in Linearizing Language Models? arXiv 2504.14366 (building the student)
 """
 
+import concurrent.futures
 import copy
 import dataclasses
 import functools
@@ -29,7 +30,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -339,43 +339,29 @@ def save(path, model, background=False, **extra):
                       f"{free / 2**30:.2f} GiB free; make room or write elsewhere (--out_dir)")
     if not background:
         return _write(path, blob)
-    _raise_failed()  # an earlier write's error comes out at the next save, or at wait()
+    global _writer
+    _settle(1)  # an earlier write's error comes out here; at most two checkpoints in host memory
     blob = _host_copy(blob)  # the caller's tensors (live weights, optimizer moments) may change now
-    while sum(t.is_alive() for t in _writes) >= 2:  # at most two checkpoints in host memory
-        _writes[0].join()
-        _writes.pop(0)
-    after = _writes[-1] if _writes else None  # one write at a time, in the order of the calls
-    thread = threading.Thread(target=_write_after, args=(after, path, blob), name=f"save {path}")
-    thread.start()  # not a daemon: an exiting process (a stopped run's) finishes the write first
-    _writes.append(thread)
+    if _writer is None:  # its thread is joined at exit: a stopped run's process finishes the write first
+        _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+    _writes.append(_writer.submit(_write, path, blob))
 
 
-_writes = []  # this process's background writes, oldest first
-_failed = []  # their errors, raised by the next save or by wait()
+_writer = None  # the one thread that writes save(background=True)'s files, in the order of the calls
+_writes = []  # their futures, oldest first
 
 
 def wait():
     """Returns once every background write of this process is on disk; raises the first error
     of any that failed (an OSError as save's own)."""
-    while _writes:
-        _writes.pop(0).join()
-    _raise_failed()
+    _settle(0)
 
 
-def _raise_failed():
-    if _failed:
-        error = _failed[0]
-        _failed.clear()
-        raise error
-
-
-def _write_after(before, path, blob):
-    if before is not None:
-        before.join()
-    try:
-        _write(path, blob)
-    except Exception as e:  # kept for the caller's thread: raised there, at its next save or wait
-        _failed.append(e)
+def _settle(unfinished):
+    """Waits until at most `unfinished` background writes are left, and raises the error of the
+    first failed one among those done."""
+    while len(_writes) > unfinished or (_writes and _writes[0].done()):
+        _writes.pop(0).result()
 
 
 def _write(path, blob):
