@@ -2,9 +2,9 @@
 Shared memory of every kernel launch of triton_ops.py, compiled for sm_90 (H100, H200) without a GPU.
 
 A GPU refuses a launch that needs more than 227 KB of shared memory per block (Triton raises
-OutOfResources), and Triton's CPU interpreter never notices. This script runs the public
-functions of triton_ops.py in the interpreter at small shapes, records every launch (kernel,
-argument dtypes, constexprs, warps, stages), compiles each distinct one offline with Triton's
+OutOfResources), and Triton's CPU interpreter never notices. This script calls the public
+functions of triton_ops.py under the interpreter at small shapes, records every launch (kernel,
+argument dtypes, constexprs, warps, stages) without running it, compiles each distinct one offline with Triton's
 own compiler for sm_90 in subprocesses without the interpreter, and reads the shared memory
 the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
 or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could not prove aligned;
@@ -31,11 +31,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
 
 
-def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta", "glue"), kernels=None):
+def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta", "glue"), kernels=None,
+             execute=False):
     """Run the public functions in Triton's interpreter; the distinct launches they make, as
     [kernel name, {argument: ["ptr", "*<dtype>"] or ["val", value]}, {num_warps, num_stages}].
-    kernels: keep only launches of these kernel names. Needs TRITON_INTERPRET=1 before triton
-    is imported."""
+    kernels: keep only launches of these kernel names. execute: also run each kernel; without it
+    a launch is recorded and skipped (what compiles depends on its arguments' types and values,
+    not on what the tensors hold, which then stay as allocated), in seconds instead of minutes.
+    Needs TRITON_INTERPRET=1 before triton is imported."""
     import torch
     import triton.runtime.interpreter as interpreter
 
@@ -59,7 +62,8 @@ def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "del
         if kernels is None or self.fn.__name__ in kernels:
             launch = [self.fn.__name__, enc, opts]
             found[json.dumps(launch, sort_keys=True)] = launch
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if execute:
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     B, T, H = 1, 70, 2  # two chunks, the second one partial
     gen = torch.Generator().manual_seed(0)

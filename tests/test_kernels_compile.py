@@ -26,8 +26,7 @@ spec.loader.exec_module(kernel_smem)
 
 @pytest.fixture(scope="module")
 def sequential():
-    """The launches of the two sequential kernels in fp32 at Dk = Dv = 128, recorded once (the
-    interpreter's run of the delta rule at that size is most of this file's time)."""
+    """The launches of the two sequential kernels in fp32 at Dk = Dv = 128, recorded once."""
     return kernel_smem.launches(dtypes=["fp32"], dims=[128], families=["delta"],
                                 kernels={"_delta_fwd_h_kernel", "_delta_bwd_dh_kernel"})
 

@@ -496,10 +496,18 @@ def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
     assert "ms a step" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                    reason="torch.compile on a CPU needs a C compiler")
-def test_compiled_training_matches_eager(setup, tmp_path):
+def without_inductor(monkeypatch):
+    """torch.compile through Dynamo and AOTAutograd alone (backend aot_eager): the graphs train.py
+    makes, their backward and the optimizer on the compiled module's weights, without Inductor's
+    C++ (a minute or two of compiling a test on a CPU). Inductor's code for a student's stage
+    losses and teacher pass, compiled whole, is checked in tests/test_kernels_glue.py."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda *a, **kw: compile_(*a, **{**kw, "backend": "aot_eager"}))
+
+
+def test_compiled_training_matches_eager(setup, tmp_path, monkeypatch):
     # --compile=true compiles the student and its loss; it computes the same function
+    without_inductor(monkeypatch)
     losses = {}
     for compiled in (False, True):
         h = train.main(args(setup, out_dir=tmp_path / str(compiled), stage="1", max_iters=3, eval_interval=3,
@@ -508,12 +516,11 @@ def test_compiled_training_matches_eager(setup, tmp_path):
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                    reason="torch.compile on a CPU needs a C compiler")
-def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path):
+def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, monkeypatch):
     # --compile_blocks=true compiles each block (the student's and the teacher's), not the step
     from torch._dynamo.utils import counters
 
+    without_inductor(monkeypatch)
     losses = {}
     counters.clear()
     for blocks in (None, True):
