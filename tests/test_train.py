@@ -496,18 +496,24 @@ def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
     assert "ms a step" in capsys.readouterr().out
 
 
+@pytest.fixture
 def without_inductor(monkeypatch):
     """torch.compile through Dynamo and AOTAutograd alone (backend aot_eager): the graphs train.py
     makes, their backward and the optimizer on the compiled module's weights, without Inductor's
     C++ (a minute or two of compiling a test on a CPU). Inductor's code for a student's stage
-    losses and teacher pass, compiled whole, is checked in tests/test_kernels_glue.py."""
+    losses and teacher pass, compiled whole, is checked in tests/test_kernels_glue.py. Dynamo's
+    caches are emptied before and after: a function compiled before at other shapes would be
+    traced again with dynamic ones, whose backward aot_eager cannot always run (a view of a
+    non-contiguous gradient, which Inductor makes a copy)."""
+    torch._dynamo.reset()
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda *a, **kw: compile_(*a, **{**kw, "backend": "aot_eager"}))
+    yield
+    torch._dynamo.reset()
 
 
-def test_compiled_training_matches_eager(setup, tmp_path, monkeypatch):
+def test_compiled_training_matches_eager(setup, tmp_path, without_inductor):
     # --compile=true compiles the student and its loss; it computes the same function
-    without_inductor(monkeypatch)
     losses = {}
     for compiled in (False, True):
         h = train.main(args(setup, out_dir=tmp_path / str(compiled), stage="1", max_iters=3, eval_interval=3,
@@ -516,11 +522,10 @@ def test_compiled_training_matches_eager(setup, tmp_path, monkeypatch):
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
-def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, monkeypatch):
+def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_inductor):
     # --compile_blocks=true compiles each block (the student's and the teacher's), not the step
     from torch._dynamo.utils import counters
 
-    without_inductor(monkeypatch)
     losses = {}
     counters.clear()
     for blocks in (None, True):
