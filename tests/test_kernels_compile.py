@@ -60,3 +60,11 @@ def test_a_row_stride_that_divides_by_16_gives_wide_loads():
     assert len(loads) == 2 and loads[0][0] == 0 and loads[0][1] > 0 and loads[1][0] > 0, loads
     # and ptxas's count of each one's registers and spills came back (-1 where it printed none)
     assert all(0 < r[4]["regs"] <= 255 and r[4]["spills"] >= 0 for r in rows), [r[4] for r in rows]
+
+
+def test_launches_recorded_without_running_them_are_those_a_run_makes():
+    # kernel_smem records a launch and skips it (what compiles depends on the arguments, not on
+    # what the tensors hold): the same launches, in the same order, as when every kernel runs
+    kw = dict(dtypes=["fp32"], dims=[16], families=["delta", "glue"])
+    recorded = kernel_smem.launches(**kw)
+    assert len(recorded) > 40 and recorded == kernel_smem.launches(**kw, execute=True)
