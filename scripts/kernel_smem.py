@@ -4,9 +4,9 @@ Shared memory of every kernel launch of triton_ops.py, compiled for sm_90 (H100,
 A GPU refuses a launch that needs more than 227 KB of shared memory per block (Triton raises
 OutOfResources), and Triton's CPU interpreter never notices. This script calls the public
 functions of triton_ops.py under the interpreter at small shapes, records every launch (kernel,
-argument dtypes, constexprs, warps, stages) without running it, compiles each distinct one offline with Triton's
-own compiler for sm_90 in subprocesses without the interpreter, and reads the shared memory
-the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
+argument dtypes, constexprs, warps, stages) without running it, compiles each distinct one
+offline with Triton's own compiler for sm_90 in subprocesses without the interpreter, and reads
+the shared memory the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
 or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could not prove aligned;
 and, from Triton's own ptxas, the registers a thread uses and the bytes it spills (a kernel at 255
 registers runs two programs of 4 warps to a multiprocessor at most, and spills go to memory).
@@ -33,7 +33,7 @@ SM90_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 K
 
 def launches(dtypes=("fp32", "bf16"), dims=(64, 128), families=("additive", "delta", "glue"), kernels=None,
              execute=False):
-    """Run the public functions in Triton's interpreter; the distinct launches they make, as
+    """Call the public functions under Triton's interpreter; the distinct launches they make, as
     [kernel name, {argument: ["ptr", "*<dtype>"] or ["val", value]}, {num_warps, num_stages}].
     kernels: keep only launches of these kernel names. execute: also run each kernel; without it
     a launch is recorded and skipped (what compiles depends on its arguments' types and values,
