@@ -6,10 +6,11 @@ OutOfResources), and Triton's CPU interpreter never notices. This script calls t
 functions of triton_ops.py under the interpreter at small shapes, records every launch (kernel,
 argument dtypes, constexprs, warps, stages) without running it, compiles each distinct one
 offline with Triton's own compiler for sm_90 in subprocesses without the interpreter, and reads
-the shared memory the compiled kernel asks for, and how its global loads came out: vector loads (8 or 16 bytes),
-or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could not prove aligned;
-and, from Triton's own ptxas, the registers a thread uses and the bytes it spills (a kernel at 255
-registers runs two programs of 4 warps to a multiprocessor at most, and spills go to memory).
+the shared memory the compiled kernel asks for, and how its global loads came out: vector loads
+(8 or 16 bytes), or loads of 1 or 2 bytes, the sign of a stride or an offset the compiler could
+not prove aligned; and, from Triton's own ptxas, the registers a thread uses and the bytes it
+spills (a kernel at 255 registers runs two programs of 4 warps to a multiprocessor at most, and
+spills go to memory).
 
     python scripts/kernel_smem.py                            # both families, fp32 and bf16, Dk 64 and 128
     python scripts/kernel_smem.py --dtypes=fp32 --dims=128 --families=delta
