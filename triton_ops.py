@@ -2062,12 +2062,15 @@ def in_projection(x, weight):
     F.linear, but a view of a product whose rows are padded to a multiple of ROW_ALIGN channels
     (zero rows of the weight): the kernels that read q, k, v and the gate as slices of it then
     load 16 bytes at a time, where an odd row stride (2,322 for Gated DeltaNet) leaves them
-    2-byte loads. The values, and the weight's gradient, are F.linear's."""
+    2-byte loads. The values, and the weight's gradient, are F.linear's. The padding is split
+    off rather than sliced: the layer splits h again, and the gradient of both splits is one
+    cat (zeros for the padding), where a slice's gradient is a pass of its own."""
     n = weight.shape[0]
     pad = -n % ROW_ALIGN
     if pad:
         weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
-    return torch.nn.functional.linear(x, weight)[..., :n]
+    h = torch.nn.functional.linear(x, weight)
+    return h.split([n, pad], -1)[0] if pad else h
 
 
 @triton.jit
@@ -2080,13 +2083,22 @@ def _act(b_z, ACT: tl.constexpr):
 
 
 @triton.jit
-def _conv_cols(i_d, D, E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
-    """The channels of channel block i_d: NH heads of E channels, each padded to EP lanes, so
-    that no head straddles two blocks. Returns the channels [NH * EP] and their mask."""
+def _conv_cols(i_d, DP, NB, E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
+    """The channels of channel block i_d: NH heads of E channels, each padded to EP lanes, inside
+    one part of DP channels (NB blocks a part), so that no block straddles two heads or two parts.
+    Returns the part i_p, the channels [NH * EP] in x (o_d) and in the part (o_c), their mask."""
+    i_p, i_c = i_d // NB, i_d % NB
     o_a = tl.arange(0, NH * EP)
     o_j = o_a % EP
-    o_d = (i_d * NH + o_a // EP) * E + o_j
-    return o_d, (o_j < E) & (o_d < D)
+    o_c = (i_c * NH + o_a // EP) * E + o_j
+    return i_p, i_p * DP + o_c, o_c, (o_j < E) & (o_c < DP)
+
+
+@triton.jit
+def _conv_part(p0, p1, p2, i_p):
+    """The tensor of part i_p (0, 1 or 2) of three: a choice of the whole program, so that its
+    loads and stores stay contiguous."""
+    return p0 if i_p == 0 else (p1 if i_p == 1 else p2)
 
 
 @triton.jit
@@ -2110,54 +2122,50 @@ def _head_sum(b, BT: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
 
 
 @triton.jit
-def _conv_out(o_t, o_d, i_b, B, T, DP):
-    """Offsets in the output [P, B, T, DP] (the channels cut into P parts of DP) of rows o_t,
-    channels o_d, sequence i_b."""
-    o_p = (o_d // DP).to(tl.int64)
-    o_row = (i_b * T + o_t).to(tl.int64)
-    return (o_p * B * T * DP)[None, :] + o_row[:, None] * DP + (o_d % DP)[None, :]
-
-
-@triton.jit
-def _conv_fwd_kernel(x, w, y, B, T, D, SB, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
-                     EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
-    """y = silu(conv) for one (time block, channel block, sequence); channels below L2D then
-    divided by their head's norm, floored at 1e-12 as l2_normalize (when L2). x [B, T, D] with
-    sequences SB and rows SX elements apart, channels contiguous; w [D, S] fp32."""
+def _conv_fwd_kernel(x, w, y0, y1, y2, T, D, SB, SX, DP, NB, L2P, S: tl.constexpr, BT: tl.constexpr,
+                     E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
+    """y = silu(conv) for one (time block, channel block, sequence), into the block's part
+    y0, y1 or y2 [B, T, DP] (contiguous); parts below L2P then divided by their heads' norms,
+    floored at 1e-12 as l2_normalize (when L2). x [B, T, D] with sequences SB and rows SX
+    elements apart, channels contiguous; w [D, S] fp32."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
-    o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
+    i_p, o_d, o_c, m_d = _conv_cols(i_d, DP, NB, E, EP, NH)
     b_y, _ = _act(_conv_pre(x + i_b.to(tl.int64) * SB, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP), 1)  # silu
     if L2:
-        b_r = 1 / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
-        b_y = tl.where((o_d < L2D)[None, :], b_y * b_r, b_y)
-    tl.store(y + _conv_out(o_t, o_d, i_b, B, T, DP), b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+        if i_p < L2P:
+            b_y = b_y / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
+    y = _conv_part(y0, y1, y2, i_p)
+    o_y = (i_b * T + o_t).to(tl.int64)[:, None] * DP + o_c[None, :]
+    tl.store(y + o_y, b_y.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
 @triton.jit
-def _conv_da_kernel(x, w, dy, da, B, T, D, SB, SX, DP, L2D, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
-                    EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
-    """The gradient at the pre-activation, da [B, T, D] contiguous, from dy laid out as y, the
-    pre-activation recomputed. Through a head's L2 norm, with yh = y r:
-    dy_silu = r (dy - yh sum(dy yh)); then da = dy_silu * silu'(a)."""
+def _conv_da_kernel(x, w, dy0, dy1, dy2, da, T, D, SB, SX, DP, NB, L2P, S: tl.constexpr, BT: tl.constexpr,
+                    E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
+    """The gradient at the pre-activation, da [B, T, D] contiguous, from the parts' gradients dy0,
+    dy1, dy2 laid out as y, the pre-activation recomputed. Through a head's L2 norm, with
+    yh = y r: dy_silu = r (dy - yh sum(dy yh)); then da = dy_silu * silu'(a)."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_t = i_t * BT + tl.arange(0, BT)
-    o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
+    i_p, o_d, o_c, m_d = _conv_cols(i_d, DP, NB, E, EP, NH)
     m = (o_t < T)[:, None] & m_d[None, :]
     b_a = _conv_pre(x + i_b.to(tl.int64) * SB, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP)
-    b_dy = tl.load(dy + _conv_out(o_t, o_d, i_b, B, T, DP), mask=m, other=0.0).to(tl.float32)
+    dy = _conv_part(dy0, dy1, dy2, i_p)
+    o_row = (i_b * T + o_t).to(tl.int64)[:, None]
+    b_dy = tl.load(dy + o_row * DP + o_c[None, :], mask=m, other=0.0).to(tl.float32)
     b_y, b_ds = _act(b_a, 1)  # silu(a), silu'(a)
     if L2:
-        b_r = 1 / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
-        b_yh = b_y * b_r
-        b_dy = tl.where((o_d < L2D)[None, :], b_r * (b_dy - b_yh * _head_sum(b_dy * b_yh, BT, EP, NH)), b_dy)
-    o_da = (i_b * T + o_t).to(tl.int64)[:, None] * D + o_d[None, :]
-    tl.store(da + o_da, (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
+        if i_p < L2P:
+            b_r = 1 / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
+            b_yh = b_y * b_r
+            b_dy = b_r * (b_dy - b_yh * _head_sum(b_dy * b_yh, BT, EP, NH))
+    tl.store(da + o_row * D + o_d[None, :], (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, NT, S: tl.constexpr, BT: tl.constexpr, E: tl.constexpr,
-                     EP: tl.constexpr, NH: tl.constexpr):
+def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, DP, NB, NT, S: tl.constexpr, BT: tl.constexpr,
+                     E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
     """dx [B, T, D] (contiguous) and this block's share of dw, dwp [B * NT, S, D] fp32 (summed
     by the caller). x at row t feeds output row t + (S-1) - j through tap j, so
     dx_t = sum_j w_j da_{t+S-1-j}; dw_j = sum_t da_t x_{t-(S-1)+j}."""
@@ -2166,7 +2174,7 @@ def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, NT, S: tl.constexpr, BT: t
     base = i_b.to(tl.int64) * T * D
     da, dx = da + base, dx + base
     o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
-    o_d, m_d = _conv_cols(i_d, D, E, EP, NH)
+    _, o_d, _, m_d = _conv_cols(i_d, DP, NB, E, EP, NH)
     b_dx = tl.zeros([BT, NH * EP], dtype=tl.float32)
     p_dw = dwp + (i_b * NT + i_t).to(tl.int64) * S * D
     b_da = tl.load(da + o_t[:, None] * D + o_d[None, :], mask=(o_t < T)[:, None] & m_d[None, :], other=0.0)
@@ -2185,15 +2193,21 @@ def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, NT, S: tl.constexpr, BT: t
 _CONV_BT = 64  # time rows per program
 _CONV_LANES = 64  # channel lanes per program: whole heads of head_dim channels, or 64 channels
 _CONV_WARPS = 4  # warps per program
+_CONV_PARTS = 3  # at most: q, k, v
 
 
-def _conv_heads(head_dim):
-    """(E, EP, NH): channel blocks of NH heads of E channels (EP lanes each), _CONV_LANES lanes or
-    one head. Without heads (head_dim None) the blocks are plain _CONV_LANES-channel slices."""
+def _conv_blocks(DP, head_dim):
+    """(E, EP, NH, NB): channel blocks of NH heads of E channels (EP lanes each), _CONV_LANES
+    lanes or one head, NB of them to a part of DP channels; NH divides the part's heads, so that
+    no block straddles two parts. Without heads (head_dim None) the blocks are plain
+    _CONV_LANES-channel slices."""
     if head_dim is None:
-        return _CONV_LANES, _CONV_LANES, 1
+        return _CONV_LANES, _CONV_LANES, 1, triton.cdiv(DP, _CONV_LANES)
     EP = triton.next_power_of_2(head_dim)
-    return head_dim, EP, max(1, _CONV_LANES // EP)
+    NH = max(1, _CONV_LANES // EP)
+    while (DP // head_dim) % NH:  # a power of two (the lanes) that divides the part's heads
+        NH //= 2
+    return head_dim, EP, NH, DP // head_dim // NH
 
 
 def _conv_rows(x):
@@ -2201,53 +2215,61 @@ def _conv_rows(x):
     return x if x.stride(2) == 1 else x.contiguous()
 
 
+def _three(ts):
+    """A list of one to three tensors as the kernels' three pointers (the last repeated)."""
+    return [*ts, *[ts[-1]] * (_CONV_PARTS - len(ts))]
+
+
 @_op("short_conv_fwd")
 def _short_conv_fwd(x: torch.Tensor, w: torch.Tensor, parts: int, l2_parts: int,
-                    head_dim: Optional[int]) -> torch.Tensor:
-    """y [parts, B, T, D / parts] in x's dtype (short_conv cuts it into the parts)."""
+                    head_dim: Optional[int]) -> list[torch.Tensor]:
+    """The parts [B, T, D / parts] of y, each contiguous in x's dtype: separate tensors, so that
+    their gradients reach the backward as they are, with no stack."""
     x = _conv_rows(x)
     B, T, D = x.shape
     S, DP = w.shape[1], D // parts
     w32 = w.float().contiguous()
-    E, EP, NH = _conv_heads(head_dim)
-    y = torch.empty(parts, B, T, DP, device=x.device, dtype=x.dtype)
-    grid = (triton.cdiv(T, _CONV_BT), triton.cdiv(D, NH * E), B)
-    _conv_fwd_kernel[grid](x, w32, y, B, T, D, x.stride(0), x.stride(1), DP, l2_parts * DP, S=S, BT=_CONV_BT,
-                           E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
-    return y
+    E, EP, NH, NB = _conv_blocks(DP, head_dim)
+    ys = [torch.empty(B, T, DP, device=x.device, dtype=x.dtype) for _ in range(parts)]
+    grid = (triton.cdiv(T, _CONV_BT), parts * NB, B)
+    _conv_fwd_kernel[grid](x, w32, *_three(ys), T, D, x.stride(0), x.stride(1), DP, NB, l2_parts, S=S,
+                           BT=_CONV_BT, E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
+    return ys
 
 
 @_short_conv_fwd.register_fake
 def _(x, w, parts, l2_parts, head_dim):
     B, T, D = x.shape
-    return x.new_empty(parts, B, T, D // parts)
+    return [x.new_empty(B, T, D // parts) for _ in range(parts)]
 
 
 @_op("short_conv_bwd")
-def _short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, l2_parts: int,
+def _short_conv_bwd(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor, l2_parts: int,
                     head_dim: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx [B, T, D] contiguous in x's dtype, dw [D, S] in w's dtype) from dy laid out as y."""
+    """(dx [B, T, D] contiguous in x's dtype, dw [D, S] in w's dtype) from the parts' gradients dys,
+    laid out as the parts."""
     x = _conv_rows(x)
     w32 = w.float().contiguous()
-    dy = dy.contiguous()
+    dys = [d.contiguous() for d in dys]
     B, T, D = x.shape
-    parts = dy.shape[0]
-    E, EP, NH = _conv_heads(head_dim)
+    parts = len(dys)
+    DP = D // parts
+    E, EP, NH, NB = _conv_blocks(DP, head_dim)
     S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
-    grid = (NT, triton.cdiv(D, NH * E), B)
-    da = torch.empty(B, T, D, device=x.device, dtype=dy.dtype)
+    grid = (NT, parts * NB, B)
+    da = torch.empty(B, T, D, device=x.device, dtype=dys[0].dtype)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
     SB, SX = x.stride(0), x.stride(1)
-    _conv_da_kernel[grid](x, w32, dy, da, B, T, D, SB, SX, D // parts, l2_parts * D // parts, S=S,
-                          BT=_CONV_BT, E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
-    _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, SB, SX, NT, S=S, BT=_CONV_BT, E=E, EP=EP, NH=NH,
-                           num_warps=_CONV_WARPS)
+    _conv_da_kernel[grid](x, w32, *_three(dys), da, T, D, SB, SX, DP, NB, l2_parts, S=S, BT=_CONV_BT,
+                          E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
+    _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, SB, SX, DP, NB, NT, S=S, BT=_CONV_BT, E=E, EP=EP,
+                           NH=NH, num_warps=_CONV_WARPS)
     return dx, dwp.sum(0).t().contiguous().to(w.dtype)
 
 
 @_short_conv_bwd.register_fake
-def _(dy, x, w, l2_parts, head_dim):
+def _(dys, x, w, l2_parts, head_dim):
     return x.new_empty(x.shape), w.new_empty(w.shape)
 
 
@@ -2257,9 +2279,9 @@ def _short_conv_setup(ctx, inputs, output):
     ctx.l2_parts, ctx.head_dim = l2_parts, head_dim
 
 
-def _short_conv_backward(ctx, dy):
+def _short_conv_backward(ctx, dys):
     x, w = ctx.saved_tensors
-    dx, dw = _short_conv_bwd(dy, x, w, ctx.l2_parts, ctx.head_dim)
+    dx, dw = _short_conv_bwd(list(dys), x, w, ctx.l2_parts, ctx.head_dim)
     return dx, dw, None, None, None
 
 
@@ -2271,20 +2293,20 @@ def short_conv(x, weight, parts=1, l2_parts=0, head_dim=None, tail=None):
 
     x [B, T, D] (any strides with contiguous channels: a slice of a wider projection); weight [D, S] (tap
     S-1 multiplies the current token). Returns y [B, T, D] in x's dtype; the sums run in fp32
-    with the fp32 weights. With parts > 1, y comes cut along the channels into that many
-    contiguous [B, T, D / parts] tensors (q, k, v from one projection, with no copy), and with
-    l2_parts the first l2_parts of them are L2-normalized per head of head_dim channels (the
+    with the fp32 weights. With parts > 1 (at most 3), y comes cut along the channels into that
+    many contiguous [B, T, D / parts] tensors (q, k, v from one projection, with no copy), and
+    with l2_parts the first l2_parts of them are L2-normalized per head of head_dim channels (the
     delta rules' unit q and k). tail: None only, in the twin's signature: the kernel starts from
     a zero past, and a decoding step continues from its tail in mixers.short_conv.
     """
     assert tail is None, "the fused short conv starts from a zero past; decode with mixers.short_conv"
     assert x.dim() == 3 and weight.dim() == 2 and weight.shape[0] == x.shape[2], \
         f"x {tuple(x.shape)} must be [B,T,D] and weight {tuple(weight.shape)} [D,S]"
-    assert x.shape[2] % parts == 0 and l2_parts <= parts, f"{x.shape[2]} channels do not cut into {parts} parts"
+    assert 1 <= parts <= _CONV_PARTS and x.shape[2] % parts == 0 and l2_parts <= parts, \
+        f"{x.shape[2]} channels do not cut into {parts} parts (1 to {_CONV_PARTS})"
     assert not l2_parts or (head_dim and (x.shape[2] // parts) % head_dim == 0), "L2 needs heads that tile the parts"
-    # the gradient of the parts reaches the operator's backward stacked: autograd hands zeros for
-    # a part that got none
-    ys = _short_conv_fwd(x, weight, parts, l2_parts, head_dim if l2_parts else None).unbind(0)
+    # autograd hands the backward zeros for a part that got no gradient
+    ys = _short_conv_fwd(x, weight, parts, l2_parts, head_dim if l2_parts else None)
     return ys[0] if parts == 1 else ys
 
 
