@@ -326,10 +326,15 @@ class StageLoss(nn.Module):
 
 
 @torch.no_grad()
-def compare(h, weight, t_h, t_weight, targets, rows=4096):
+def compare(h, weight, t_h, t_weight, targets, rows=4096, backend=None):
     """How close the student is to the teacher on one batch, over the positions with a target:
     both cross-entropies, KL(teacher || student) and top-1 agreement (argmax equal). From the
-    final hidden states h, t_h [B, T, C] and LM heads [V, C], a slice of rows at a time."""
+    final hidden states h, t_h [B, T, C] and LM heads [V, C], a slice of rows at a time. On the
+    triton backend the cross-entropies and the KL come from the stage-3 loss's kernel (no fp32
+    copies of the logits); elsewhere from their definitions above."""
+    fused = mixers.resolve_backend(backend, h) == "triton"
+    if fused:
+        import triton_ops
     h, t_h, y = h.flatten(0, 1), t_h.flatten(0, 1), targets.flatten()
     sums = torch.zeros(4, device=h.device)  # ce, teacher ce, kl, top-1 hits
     for i in range(0, h.shape[0], rows):
@@ -337,30 +342,37 @@ def compare(h, weight, t_h, t_weight, targets, rows=4096):
         n = int(keep.sum())
         if n == 0:
             continue
-        # these rows' logits [1, n, V] with a target, through the loss's own definitions (means)
-        z = F.linear(h[i:i + rows][keep], weight)[None]
-        t = F.linear(t_h[i:i + rows][keep], t_weight)[None]
-        yk = y[i:i + rows][keep][None]
-        sums += n * torch.stack([cross_entropy(z, yk), cross_entropy(t, yk), kl_per_token(t, z),
-                                 (z.argmax(-1) == t.argmax(-1)).float().mean()])
+        # these rows' logits [n, V] with a target, and their means over the rows
+        z = F.linear(h[i:i + rows][keep], weight)
+        t = F.linear(t_h[i:i + rows][keep], t_weight)
+        yk = y[i:i + rows][keep]
+        if fused:
+            _, ce, kl = triton_ops.distill_loss(z, t, yk)
+            t_ce = triton_ops.distill_loss(t, None, yk)[1]
+        else:
+            ce, t_ce = cross_entropy(z[None], yk[None]), cross_entropy(t[None], yk[None])
+            kl = kl_per_token(t, z)
+        sums += n * torch.stack([ce, t_ce, kl, (z.argmax(-1) == t.argmax(-1)).float().mean()])
     n = max(int((y >= 0).sum()), 1)
     return dict(zip(("ce", "teacher_ce", "kl", "top1"), (sums / n).tolist()))
 
 
 @torch.no_grad()
-def evaluate(loss_model, teacher, batches, ctx):
+def evaluate(loss_model, teacher, batches, ctx, teacher_fn=teacher_pass):
     """The stage loss, and the student against the teacher, over the fixed val batches: one
-    student forward a batch past stage 2 (the loss and the comparison share it)."""
+    student forward a batch past stage 2 (the loss and the comparison share it). teacher_fn:
+    teacher_pass, or the training loop's compiled form of it."""
     totals, net = {}, loss_model.student
     for x, y in batches:
         with ctx:
-            t_out = teacher_pass(teacher, x, loss_model.stage, head=True)
+            t_out = teacher_fn(teacher, x, loss_model.stage, head=True)
             h = net.hidden(x)
             if loss_model.loss in ("attention", "hidden"):
                 _, parts = loss_model(x, y, t_out)
             else:
                 _, parts = loss_model.from_hidden(h, y, t_out)
-            metrics = compare(h, net.lm_head.weight, t_out["final"], t_out["head"], y)
+            metrics = compare(h, net.lm_head.weight, t_out["final"], t_out["head"], y,
+                              backend=loss_model.backend)
         metrics["loss"] = parts["loss"].item()
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0.0) + v / len(batches)

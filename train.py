@@ -434,11 +434,12 @@ def main(argv=None, after_step=None):
     # train_model is the same module, perhaps compiled and wrapped; evals use loss_model itself
     # (whose blocks --compile_blocks compiles in place: evals run them compiled too)
     train_model, teacher_pass = loss_model, distill.teacher_pass  # the frozen teacher: forward only
+    eval_teacher = teacher_pass  # evals run the teacher this way
     if s.compile and s.compile_blocks:  # one compilation serves every block of a kind
         for block in student.model.layers:
             block.compile()
         block_fn = torch.compile(distill.teacher_block)
-        teacher_pass = functools.partial(teacher_pass, block_fn=block_fn)
+        teacher_pass = eval_teacher = functools.partial(teacher_pass, block_fn=block_fn)
     elif s.compile:  # the whole step, fused across blocks and into the loss
         train_model, teacher_pass = torch.compile(loss_model), torch.compile(teacher_pass)
     if ddp:
@@ -460,7 +461,7 @@ def main(argv=None, after_step=None):
     watch = Watch(s, device, saved_step=step or None)  # step > 0: resumed from that checkpoint
     flops = distill.flops_per_token(s.stage, student, teacher, s.block_size)
     meter = Meter(s, step, tokens_per_step, flops, world)
-    evaluate = lambda: distill.evaluate(loss_model, teacher, val_batches, ctx)  # noqa: E731
+    evaluate = lambda: distill.evaluate(loss_model, teacher, val_batches, ctx, eval_teacher)  # noqa: E731
     wait = torch.cuda.synchronize if dev_type == "cuda" else None  # before a clock's mark
     clock.mark("startup")  # settings, models, data, optimizer
     first = step + 1  # its time is compiling and warming up (torch.compile, Triton's JIT)

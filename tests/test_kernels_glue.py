@@ -252,6 +252,18 @@ def test_short_conv_bf16_on_gpu():
     assert rel(y, y_ref) < 1e-2 and rel(dx, dx_ref) < 1e-2 and rel(dw, dw_ref) < 1e-2
 
 
+def test_stage_metrics_through_the_loss_kernel_are_those_of_the_definitions():
+    # evaluations on the triton backend compare the student with the teacher through the loss's
+    # kernel; on torch through cross_entropy and kl_per_token: the same numbers, rows in slices
+    gen = torch.Generator().manual_seed(0)
+    h, th, w, tw = (torch.randn(*s, generator=gen) for s in ((2, 9, 8), (2, 9, 8), (37, 8), (37, 8)))
+    y = torch.randint(0, 37, (2, 9), generator=gen)
+    y[1, 5:] = -1
+    want = distill.compare(h, w, th, tw, y, rows=4, backend="torch")
+    got = distill.compare(*(a.to(DEV) for a in (h, w, th, tw, y)), rows=4, backend="triton")
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-5) for k in want)
+
+
 @gpu
 def test_distill_loss_bf16_on_gpu():
     gen = torch.Generator().manual_seed(0)

@@ -302,8 +302,8 @@ def test_long_context_switches_length_at_its_step_and_keeps_the_tokens_of_a_step
         return x, y
 
     monkeypatch.setattr(Data, "sample", sample)
-    monkeypatch.setattr(distill, "evaluate", lambda m, t, batches, ctx: evals.append(
-        [tuple(x.shape) for x, _ in batches]) or real_evaluate(m, t, batches, ctx))
+    monkeypatch.setattr(distill, "evaluate", lambda m, t, batches, ctx, teacher_fn: evals.append(
+        [tuple(x.shape) for x, _ in batches]) or real_evaluate(m, t, batches, ctx, teacher_fn))
     run = dict(stage="3", init_from=start, max_iters=8, eval_interval=4, grad_accum=2, learning_rate=3e-3)
     long = train.main(args(setup, out_dir=tmp_path / "long", long_block_size=64, long_frac=0.25, **run))
     assert seen == [(k, p, (4, 32) if k < 6 else (2, 64), (4, 32) if k < 6 else (2, 64))
@@ -494,6 +494,12 @@ def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
     assert '"traceEvents"' in trace and "aten::mm" in trace
     assert not (base.parent / (base.name + ".pt")).exists()  # a measurement writes no checkpoint
     assert "ms a step" in capsys.readouterr().out
+    # --eval: one evaluation profiled instead, and still no checkpoint
+    profile_train.main(["--eval"] + args(setup, out_dir=out, stage="lm", mixer="attention"))
+    table = (base.parent / (base.name + "_eval_profile.txt")).read_text()
+    assert table.startswith("profile: one evaluation of 2 val batches") and "aten::mm" in table
+    assert not (base.parent / (base.name + ".pt")).exists()
+    assert "ms an evaluation" in capsys.readouterr().out
 
 
 @pytest.fixture
