@@ -91,11 +91,15 @@ class Settings(checkpoint.ModelSettings):  # the model's settings first: --init_
     mc_dir: str = os.path.join(ROOT, "data", "mc_offline")  # offline task files
     mc_limit: int = 50  # questions per task, evenly spaced; 0 = all (on a GPU: 0)
     batch_size: int = 4  # sequences per forward (on a GPU: 64)
+    task_tokens: int = 0  # the tasks' forwards: as many rows as fit this many tokens, 0: batch_size
+    # rows (on a GPU: 32768, where short questions 64 to a forward left it waiting on the host)
     out: str = ""  # write the results here as JSON
 
 
-GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "max_windows": 256, "mc_limit": 0, "batch_size": 64}
+GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "max_windows": 256, "mc_limit": 0, "batch_size": 64,
+                "task_tokens": 32768}
 RULES = [("mc_limit", lambda v: v >= 0, "a number of questions, or 0 for all"),
+         ("task_tokens", lambda v: v >= 0, "a number of tokens, or 0 for batch_size rows"),
          ("mc_source", lambda v: v in ("offline", "hub"), "offline or hub")] + [
     (k, lambda v: v >= 1, "an integer >= 1") for k in ("seq_len", "max_windows", "batch_size")]
 
@@ -155,10 +159,21 @@ def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
 
 
 @torch.no_grad()
-def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048):
+def batches(rows, size, tokens=0):
+    """Consecutive slices of rows (sequences, longest first): `size` rows each, or with tokens > 0
+    as many as fit `tokens` padded to the slice's first (longest) row, at least one."""
+    b = 0
+    while b < len(rows):
+        n = size if tokens <= 0 else max(1, tokens // len(rows[b]))
+        yield rows[b:b + n]
+        b += n
+
+
+def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048, tokens=0):
     """[(context, continuation)] -> [(sum log p(continuation | context), greedy)], where greedy
     says whether argmax decoding would have produced the continuation exactly. Requests whose
-    forward inputs agree (all their tokens but the last, as MMLU's " A" .. " D") share one row."""
+    forward inputs agree (all their tokens but the last, as MMLU's " A" .. " D") share one row.
+    A forward takes batch_size rows, or with tokens > 0 as many as fit that many (batches)."""
     device = next(net.parameters()).device
     enc, rows = [], {}
     for i, (ctx, cont) in enumerate(requests):
@@ -168,8 +183,7 @@ def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048):
         rows.setdefault(tuple(ids[:-1]), []).append(i)  # the input; the last token is only a target
     inputs = sorted(rows, key=len, reverse=True)  # similar lengths share a batch
     out = [(0.0, True)] * len(enc)  # an empty continuation: log p 0, greedy
-    for b in range(0, len(inputs), batch_size):
-        batch = inputs[b:b + batch_size]
+    for batch in batches(inputs, batch_size, tokens):
         x = torch.zeros(len(batch), max(map(len, batch)), dtype=torch.long)
         who, row, pos, target = [], [], [], []  # one entry per scored token of the batch
         for r, inp in enumerate(batch):  # right padding: a causal model never looks at it
@@ -211,11 +225,11 @@ def choice_len(cont):
     return max(1, len(cont) - cont.startswith(" "))
 
 
-def mc_accuracy(net, tok, questions, batch_size=4):
+def mc_accuracy(net, tok, questions, batch_size=4, tokens=0):
     """{'n', 'acc', 'acc_norm'} for questions [{'requests': [(context, continuation)], 'gold'}];
-    acc and acc_norm are {'score', 'ci', 'hits'} (see scored)."""
+    acc and acc_norm are {'score', 'ci', 'hits'} (see scored). batch_size, tokens: loglikelihoods'."""
     flat = [tuple(r) for q in questions for r in q["requests"]]
-    scores = iter(loglikelihoods(net, tok, flat, batch_size))
+    scores = iter(loglikelihoods(net, tok, flat, batch_size, tokens=tokens))
     acc, acc_norm = [], []
     for q in questions:
         lp = [next(scores)[0] for _ in q["requests"]]
@@ -225,10 +239,10 @@ def mc_accuracy(net, tok, questions, batch_size=4):
     return {"n": len(questions), "acc": scored(acc), "acc_norm": scored(acc_norm)}
 
 
-def cloze(net, tok, docs, batch_size=4):
+def cloze(net, tok, docs, batch_size=4, tokens=0):
     """LAMBADA: {'n', 'acc', 'ppl'} for docs [{'context', 'continuation'}]: acc counts greedy
     hits; ppl = exp(mean over docs of -log p(continuation | context))."""
-    got = loglikelihoods(net, tok, [(d["context"], d["continuation"]) for d in docs], batch_size)
+    got = loglikelihoods(net, tok, [(d["context"], d["continuation"]) for d in docs], batch_size, tokens=tokens)
     return {"n": len(docs), "acc": scored([int(g) for _, g in got]),
             "ppl": float(np.exp(-np.mean([lp for lp, _ in got])))}
 
@@ -368,17 +382,19 @@ def evaluate(net, tok, s, data, tasks, lm):
     res = {"lm": lm}
     for task, qs in tasks.items():
         if "continuation" in qs[0]:  # a cloze task: LAMBADA
-            res[task] = cloze(net, tok, qs, s.batch_size)
+            res[task] = cloze(net, tok, qs, s.batch_size, s.task_tokens)
             msg = f"acc {res[task]['acc']['score']:.3f}, ppl {res[task]['ppl']:.2f}"
         else:
-            res[task] = mc_accuracy(net, tok, qs, s.batch_size)
+            res[task] = mc_accuracy(net, tok, qs, s.batch_size, s.task_tokens)
             msg = f"acc {res[task]['acc']['score']:.3f}, acc_norm {res[task]['acc_norm']['score']:.3f}"
         print(f"  {task}: {msg} ({res[task]['n']} questions)", file=sys.stderr)
     return res
 
 
 # the settings that decide a model's numbers; a --teacher_eval file must share them
-SAME = ("data", "seq_len", "max_windows", "mc_source", "mc_dir", "mc_limit", "batch_size", "device", "dtype")
+SAME = ("data", "seq_len", "max_windows", "mc_source", "mc_dir", "mc_limit", "batch_size", "task_tokens", "device",
+        "dtype")
+SINCE = {"task_tokens": 0}  # a setting added later: what files written before it had
 
 
 def teacher_of(d):
@@ -407,8 +423,9 @@ def read_teacher_eval(s, task_list):
     if who != s.teacher:
         raise ValueError(f"--teacher_eval={path}: its teacher is {who!r}, this run's --teacher={s.teacher!r}")
     for key in SAME:
-        if saved.get(key) != getattr(s, key):
-            raise ValueError(f"--teacher_eval={path}: measured with --{key}={saved.get(key)}, this run has "
+        was = saved.get(key, SINCE.get(key))
+        if was != getattr(s, key):
+            raise ValueError(f"--teacher_eval={path}: measured with --{key}={was}, this run has "
                              f"--{key}={getattr(s, key)}")
     if missing := [t for t in task_list if t not in res]:
         raise ValueError(f"--teacher_eval={path}: has no {', '.join(missing)}")

@@ -65,6 +65,15 @@ def test_perplexity_and_kl_match_a_hand_computation():
     assert E.lm_metrics(net, data, 16, 3, 2, teacher=net)["kl"] == pytest.approx(0, abs=1e-5)
 
 
+def test_task_batches_hold_rows_or_a_token_budget():
+    rows = [(0,) * n for n in (30, 20, 20, 9, 5, 5, 1)]  # longest first, as loglikelihoods sorts them
+    assert [len(b) for b in E.batches(rows, 3)] == [3, 3, 1]
+    # 64 tokens: 2 rows (padded to 30), 3 (padded to 20), then the 2 left (padded to 5)
+    assert [len(b) for b in E.batches(rows, 3, tokens=64)] == [2, 3, 2]
+    assert [len(b) for b in E.batches(rows, 3, tokens=10)] == [1, 1, 1, 1, 2, 1]  # at least one row
+    assert sum(E.batches(rows, 2, tokens=1000), []) == rows
+
+
 def test_multiple_choice_scores_match_a_hand_computation():
     net, tok = tiny(2), CharTok()
     questions = [
@@ -76,6 +85,9 @@ def test_multiple_choice_scores_match_a_hand_computation():
     flat = [r for q in questions for r in q["requests"]]
     got = E.loglikelihoods(net, tok, flat, batch_size=3)
     assert [s for s, _ in got] == pytest.approx([s for s, _ in E.loglikelihoods(net, tok, flat, batch_size=1)], abs=1e-4)
+    by_tokens = E.loglikelihoods(net, tok, flat, batch_size=1, tokens=40)  # the GPU's batching, by tokens
+    assert [s for s, _ in by_tokens] == pytest.approx([s for s, _ in got], abs=1e-4)
+    assert [g for _, g in by_tokens] == [g for _, g in got]
     acc, acc_norm = [], []
     for q in questions:
         sums = []
@@ -105,7 +117,7 @@ def test_lambada_accuracy_and_perplexity(monkeypatch):
     (lp, greedy), = E.loglikelihoods(tiny(2), CharTok(), [(ctx, cont)])
     assert greedy is True and lp == pytest.approx(sum(log_probs(tiny(2), x)[0][-3:]), abs=1e-4)
     # mocked log-likelihoods: acc = share of greedy hits, ppl = exp(mean over passages of -ll)
-    monkeypatch.setattr(E, "loglikelihoods", lambda net, tok, reqs, bs: [(-1.0, True), (-3.0, False), (-8.0, True)])
+    monkeypatch.setattr(E, "loglikelihoods", lambda net, tok, reqs, bs, **kw: [(-1.0, True), (-3.0, False), (-8.0, True)])
     docs = [{"context": f"passage {i}", "continuation": " word"} for i in range(3)]
     res = E.cloze(None, None, docs)
     assert res["n"] == 3 and res["acc"]["score"] == pytest.approx(2 / 3) and res["acc"]["hits"] == "101"
@@ -298,6 +310,14 @@ def test_teacher_student_table_through_the_command_line(tmp_path, capsys, monkey
         with pytest.raises(SystemExit) as e:
             E.main(argv + extra + [f"--teacher_eval={tmp_path / 'r.json'}"])
         assert says in e.value.code and "\n" not in e.value.code
+    # a file from before --task_tokens existed counts as written with its default, 0
+    older = json.loads(json.dumps(saved))
+    del older["settings"]["task_tokens"]
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert E.main(argv + [f"--teacher_eval={tmp_path / 'older.json'}"])["teacher"] == again["teacher"]
+    with pytest.raises(SystemExit) as e:
+        E.main(argv + ["--task_tokens=64", f"--teacher_eval={tmp_path / 'older.json'}"])
+    assert "measured with --task_tokens=0, this run has --task_tokens=64" in e.value.code
     saved["teacher"]["lm"]["loss"] *= 1.01  # the same settings, but not this teacher's numbers
     (tmp_path / "other.json").write_text(json.dumps(saved))
     with pytest.raises(SystemExit) as e:
