@@ -36,6 +36,12 @@ study's claim that state resolution, not the distillation budget, bounds retriev
 follows the training length", "retrieval is bounded by the state" or "not settled", by the rule
 in long_verdict. These runs (and teacher_long, the teacher measured to 8k) stay out of the
 study's tables.
+
+Replicates: <results>/earlier holds earlier runs of the same commands (a run's JSON moves there
+when the command runs again). Each student run twice gets a row of the replicate table: average
+recovery after stage 3 and mean passkey accuracy (after SFT) in both runs and their difference.
+The findings that compare students take the largest such difference as the run-to-run noise: a
+gap between two students no larger than it is not a finding ("not settled").
 """
 
 import argparse
@@ -556,18 +562,81 @@ def long_section(runs, assets, out):
                     long_verdict(runs, pairs), ""], path
 
 
-def findings(runs):
-    """The study's findings, each with its numbers and a verdict."""
-    out = []
+def passkey_mean(run):
+    """(mean passkey accuracy over lengths after SFT, False), or (after stage 3, True) for a run
+    whose NIAH after SFT did not finish, or (None, False)."""
+    for after in ("after_sft", "after_stage3"):
+        p = run[after]["niah"].get("s_niah_1") if after in run else None
+        if p:
+            return mean_accuracy(p), after == "after_stage3"
+    return None, False
+
+
+def recovery(run):
+    """Average recovery after stage 3 [value, low, high], or None."""
+    return run["after_stage3"]["eval"]["summary"]["recovery"].get("avg") if "after_stage3" in run else None
+
+
+def replicates(runs, earlier):
+    """{name: (run, its earlier run)}: the students run twice with the same command."""
+    return {n: (r, earlier[n]) for n, r in runs.items() if n in earlier and n != "teacher"
+            and r.get("command") == earlier[n].get("command")}
+
+
+def differences(pairs):
+    """{"recovery": [..], "passkey": [..]}: each student's |this run - its earlier run| (fractions)."""
+    out = {"recovery": [], "passkey": []}
+    for run, old in pairs.values():
+        a, b = recovery(run), recovery(old)
+        if a and b:
+            out["recovery"].append(abs(a[0] - b[0]))
+        (pa, _), (pb, _) = passkey_mean(run), passkey_mean(old)
+        if pa is not None and pb is not None:
+            out["passkey"].append(abs(pa - pb))
+    return out
+
+
+def noise(pairs):
+    """The run-to-run noise of each measure: the largest difference between two runs of one
+    command, or None without a student run twice; and "students", how many it is taken over."""
+    d = differences(pairs)
+    return {**{k: max(v, default=None) for k, v in d.items()}, "students": len(pairs)}
+
+
+def replicate_table(pairs):
+    """Each student run twice: average recovery after stage 3 and mean passkey accuracy (after SFT;
+    after stage 3 where that run's NIAH after SFT did not finish, marked *) in both runs, and the
+    difference (this run minus the earlier one, in points)."""
+    head = ["run", "dates (earlier, this)", "Avg recovery after stage 3 [95%]", "earlier", "difference", "mean passkey",
+            "earlier", "difference"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, (run, old) in pairs.items():
+        (a, b), (pa, pb) = (recovery(run), recovery(old)), (passkey_mean(run), passkey_mean(old))
+        when = f"{old['date']}, {run['date']}"
+        cells = [label(n, run), when, interval(a), interval(b),
+                 "-" if not (a and b) else f"{100 * (a[0] - b[0]):+.1f}"]
+        cells += ["-" if p is None else f"{100 * p:.1f}" + "*" * cut for p, cut in (pa, pb)]
+        cells.append("-" if pa[0] is None or pb[0] is None else f"{100 * (pa[0] - pb[0]):+.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def findings(runs, floor=None):
+    """The study's findings, each with its numbers and a verdict. floor: noise()'s run-to-run
+    difference of each measure (None: no student run twice), under which a gap between two
+    students is not a finding."""
+    out, floor = [], floor or {}
+    rec_floor, key_floor = floor.get("recovery"), floor.get("passkey")
 
     def rec(name):
-        run = runs.get(name)
-        return run["after_stage3"]["eval"]["summary"]["recovery"].get("avg") if run and "after_stage3" in run else None
+        return recovery(runs[name]) if name in runs else None
 
     pairs = [(u, g, rec(u), rec(g)) for u, g in GATED.items()]
     known = [p for p in pairs if p[2] and p[3]]
 
     def judge(a, b):  # a: the ungated twin's [mean, low, high], b: the gated one's
+        if rec_floor is not None and abs(b[0] - a[0]) <= rec_floor:
+            return "within the run-to-run difference"
         return "holds" if b[1] > a[2] else "does not hold" if b[2] < a[1] else "intervals overlap"
     judged = [judge(a, b) for _, _, a, b in known]
     text = "; ".join(f"{NAMES[g]} {100 * b[0]:.1f}% [{100 * b[1]:.1f}, {100 * b[2]:.1f}] vs {NAMES[u]} "
@@ -580,12 +649,18 @@ def findings(runs):
     elif "does not hold" in judged:  # a gated interval below its twin's
         verdict = "does not hold"
     else:
-        n = judged.count("intervals overlap")
-        verdict = ("not settled at this budget (the 95% intervals overlap)" if n == len(known) else
-                   f"not settled at this budget (the 95% intervals of {n} of {len(known)} pairs overlap)")
+        why = []
+        for what, says in (("intervals overlap", "the 95% intervals"), ("within the run-to-run difference",
+                                                                        "the gaps")):
+            n = judged.count(what)
+            of = "" if n == len(known) else f" of {n} of {len(known)} pairs"
+            if n:
+                why.append(f"{says}{of} " + ("overlap" if what == "intervals overlap" else "lie within the "
+                                                                                         "run-to-run difference"))
+        verdict = f"not settled at this budget ({'; '.join(why)})"
     if known and len(known) < len(pairs):
         verdict += f" for the {len(known)} of {len(pairs)} pairs measured"
-    out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}".rstrip())
+    out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}{spread(rec_floor, floor) if known else ''}".rstrip())
 
     def passkey(name):
         """(passkey accuracy by length after SFT, False), or (after stage 3, True) for a run whose
@@ -614,10 +689,15 @@ def findings(runs):
         best = [n for n in seven if mean[n] == top]
         verdict = "does not hold" if "gated_deltanet" not in best else "holds" if len(best) == 1 else \
             "tied: " + " and ".join(NAMES[n] for n in best) + " share the best"
+        # the gap that decides it: Gated DeltaNet's lead over the next, or its distance from the best
+        rival = max(v for n, v in mean.items() if n != "gated_deltanet")
+        if key_floor is not None and abs(mean["gated_deltanet"] - rival) <= key_floor and "tied" not in verdict:
+            verdict = (f"not settled (Gated DeltaNet {100 * mean['gated_deltanet']:.0f}% against "
+                       f"{100 * rival:.0f}%, a gap within the run-to-run difference)")
         if cut:
             verdict += ", with " + " and ".join(NAMES[n] for n in cut) + " judged after stage 3 (after SFT not measured)"
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
-                   f"{verdict}. {ranks}")
+                   f"{verdict}. {ranks}{spread(key_floor, floor)}")
     for n in ("linear_attention", "retnet"):
         p, late = passkey(n)
         when = "after stage 3; after SFT not measured" if late else "after SFT"
@@ -636,6 +716,13 @@ def findings(runs):
                    + f" (the study at 10B tokens: {study})")
     out += [gaps(runs), instruction_aware(runs)]
     return "\n".join(out)
+
+
+def spread(value, floor):
+    """The run-to-run difference a finding was judged against, as a clause of its text."""
+    n = floor.get("students", 0)
+    return ("; no student run twice, so no run-to-run difference" if value is None else
+            f"; run-to-run difference {100 * value:.1f} points (the largest of {n} student{'s' * (n > 1)} run twice)")
 
 
 def save(fig, axes, ylabel, path):
@@ -795,6 +882,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="the report (default <results>/report.md)")
     ap.add_argument("--assets", default=os.path.join(ROOT, "assets"), help="where the plots go")
     ap.add_argument("--budgets", default="", help="folders of runs at other budgets, comma-separated: a table by budget")
+    ap.add_argument("--earlier", default=None, help="earlier runs of the same commands (default <results>/earlier)")
     args = ap.parse_args(argv)
     folders = [args.results] + [f for f in args.budgets.split(",") if f]
     loaded = [load(f) for f in folders]
@@ -804,6 +892,9 @@ def main(argv=None):
         if not [n for n in r if n != "teacher"]:
             sys.exit(f"report.py: no student results in {f} (scripts/reproduce.py writes them)")
     runs = study[0]
+    earlier_dir = args.earlier or os.path.join(args.results, "earlier")
+    earlier = load(earlier_dir) if os.path.isdir(earlier_dir) else {}
+    pairs = replicates(runs, earlier)
     os.makedirs(args.assets, exist_ok=True)
     lines = []
     for after, title in AFTER.items():
@@ -830,12 +921,21 @@ def main(argv=None):
                   kd_table(runs), ""]
     else:
         lines += ["No run has instruction-aware distillation (after_sft_kd).", ""]
+    lines += ["### Replicates: the students run twice", ""]
+    if pairs:
+        rel = os.path.relpath(earlier_dir, os.path.dirname(os.path.abspath(out)))
+        lines += [f"The same command run again (the earlier run kept in [{rel}/]({rel})); mean passkey accuracy over "
+                  "lengths after SFT (* after stage 3: that run's NIAH after SFT did not finish); differences in "
+                  "points, this run minus the earlier.", "", replicate_table(pairs), ""]
+    else:
+        lines += ["No student has been run twice with the same command.", ""]
     section, long_figure = long_section(loaded[0], args.assets, out)
-    lines += section + ["### The study's findings here", "", findings(runs), "", "Runs:", ""]
+    lines += section + ["### The study's findings here", "", findings(runs, noise(pairs)), "", "Runs:", ""]
     drawn += [long_figure] if long_figure else []
-    for folder in loaded:
+    for folder in loaded + [{n: old for n, (_, old) in pairs.items()}]:
         for n, r in folder.items():
-            lines.append(f"- {label(n, r)}: {r['machine']}, {r['date']}, commit {r['commit']}: `{r['command']}`"
+            lines.append(f"- {label(n, r)}{' (earlier run)' if r is earlier.get(n) else ''}: {r['machine']}, "
+                         f"{r['date']}, commit {r['commit']}: `{r['command']}`"
                          + (f". Incomplete: {r['incomplete']}" if r.get("incomplete") else ""))
     report = "\n".join(lines) + "\n"
     with open(out, "w") as f:

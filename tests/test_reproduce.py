@@ -8,6 +8,7 @@ intervals, verdict and figure."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -271,6 +272,19 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
     assert f"| GLA | {report.count(sum(tiny[2]['settings']['stage_tokens'][k] for k in '123'))} |" in text
     assert "passkey 128" in text
     assert "not measured" in text  # one student: no finding can be judged
+    assert "No student has been run twice with the same command." in text
+    (d / "results" / "earlier").mkdir()  # its run again, as the earlier run of the same command
+    try:
+        again = json.loads(json.dumps(tiny[2]))
+        again["date"], again["after_stage3"]["eval"]["summary"]["recovery"]["avg"] = "2026-01-01", [0.5, 0.4, 0.6]
+        (d / "results" / "earlier" / "gla.json").write_text(json.dumps(again))
+        report.main([f"--results={d / 'results'}", f"--out={tmp_path / 'report.md'}", f"--assets={tmp_path}"])
+    finally:
+        shutil.rmtree(d / "results" / "earlier")
+    text = open(tmp_path / "report.md").read()
+    rec = tiny[2]["after_stage3"]["eval"]["summary"]["recovery"]["avg"][0]
+    assert f"| GLA | 2026-01-01, {tiny[2]['date']} | " in text and f"| {100 * (rec - 0.5):+.1f} |" in text
+    assert "- GLA (earlier run): " in text and "the largest of 1 student run twice" not in text  # no pair to judge
     for png in ("study_recovery.png", "study_niah.png", "study_loss.png", "study_passkey.png"):
         assert os.path.getsize(tmp_path / png) > 10_000
 
@@ -384,6 +398,38 @@ def test_findings_are_judged_from_the_numbers():
     assert ": does not hold for the 1 of 2 pairs measured." in report.findings(runs).splitlines()[0]
     del runs["deltanet"]
     assert ": not measured." in report.findings(runs).splitlines()[0]
+
+
+def test_a_gap_within_the_run_to_run_difference_is_not_a_finding():
+    runs = {n: fake(0.8, [0.5, 0.0, 0.0, 0.0]) for n in report.ORDER[:7]}
+    runs["gla"] = fake(0.9, [0.2, 0.1, 0.0, 0.0])
+    runs["gated_deltanet"] = fake(0.95, [1.0, 0.9, 0.5, 0.1])  # passkey mean 62.5%, KDA's 12.5%
+    for n, r in runs.items():
+        r.update(command=f"reproduce.py --mixer={n}", date="2026-12-05")
+    earlier = json.loads(json.dumps(runs))
+    earlier["kda"]["after_stage3"] = fake(0.68, [0.5, 0.0, 0.0, 0.0])["after_stage3"]  # 12 points apart
+    earlier["mlstm"]["after_sft"] = fake(0.8, [0.3, 0.0, 0.0, 0.0])["after_sft"]  # mean passkey 5 points apart
+    for r in earlier.values():
+        r["date"] = "2026-12-03"
+    pairs = report.replicates(runs, earlier)
+    assert list(pairs) == list(runs)
+    assert report.noise(pairs) == {"recovery": pytest.approx(0.12), "passkey": pytest.approx(0.05), "students": 7}
+    table = report.replicate_table(pairs)
+    assert "| KDA | 2026-12-03, 2026-12-05 | 80.0 [78.0, 82.0] | 68.0 [66.0, 70.0] | +12.0 | 12.5 | 12.5 | +0.0 |" in table
+    assert "| mLSTM | 2026-12-03, 2026-12-05 | 80.0 [78.0, 82.0] | 80.0 [78.0, 82.0] | +0.0 | 12.5 | 7.5 | +5.0 |" in table
+    # GLA 10 and Gated DeltaNet 15 points above their twins, intervals apart: one gap within 12 points
+    lines = report.findings(runs, report.noise(pairs)).splitlines()
+    assert ": not settled at this budget (the gaps of 1 of 2 pairs lie within the run-to-run difference)." in lines[0]
+    assert "GLA 90.0% [88.0, 92.0] vs Linear Attention 80.0% [78.0, 82.0] (within the run-to-run difference)" in lines[0]
+    assert lines[0].endswith("; run-to-run difference 12.0 points (the largest of 7 students run twice)")
+    assert ": holds. " in lines[1]  # a lead of 50 points over 5
+    assert ": holds." in report.findings(runs).splitlines()[0]  # one run each: intervals alone
+    assert report.findings(runs).splitlines()[0].endswith("; no student run twice, so no run-to-run difference")
+    runs["kda"]["after_sft"] = fake(0.8, [1.0, 0.8, 0.5, 0.1])["after_sft"]  # 2.5 points behind: within 5
+    lines = report.findings(runs, report.noise(report.replicates(runs, earlier))).splitlines()
+    assert ": not settled (Gated DeltaNet 62% against 60%, a gap within the run-to-run difference). " in lines[1]
+    earlier["kda"]["command"] += " --other"  # another command: not a replicate
+    assert "kda" not in report.replicates(runs, earlier)
 
 
 def test_the_report_skips_files_that_are_not_runs(tiny, tmp_path, capsys):
