@@ -183,16 +183,24 @@ def unpermute_rotary(w, n_head):
     return w.reshape(n_head, out_dim // n_head // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 
 
-def read_gguf(path):
-    """GGUF file -> (Config, state dict in fp32), dequantized and un-permuted."""
-    import numpy as np
+def open_gguf(path):
+    """A gguf.GGUFReader of path. Opening one parses every field, the vocabulary's 49,152 strings
+    among them, in Python: seconds, so a conversion opens the file once (_gguf_cached)."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     try:
-        reader = GGUFReader(path)
+        return GGUFReader(path)
     except Exception as e:
         raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def read_gguf(path, reader=None):
+    """GGUF file -> (Config, state dict in fp32), dequantized and un-permuted. reader: path
+    already opened with open_gguf."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    reader = reader or open_gguf(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     arch = meta.get("general.architecture")
     if arch != "llama":
@@ -281,8 +289,14 @@ def _gguf_cached(path):
             return M.Config.from_dict(json.load(f)), load_file(wpath)
     print(f"converting {os.path.basename(path)} to safetensors under {folder} (once; later loads are fast)",
           file=sys.stderr)
-    config, state = read_gguf(path)
+    reader = open_gguf(path)
+    config, state = read_gguf(path, reader)
     if write_cached(wpath, lambda tmp: save_file(state, tmp), "the converted weights"):
+        try:  # the vocabulary from the same parse, for load_tokenizer; a file without one has none to cache
+            write_cached(os.path.join(folder, "vocab.json"), json_writer(tokenizer.read_gguf_vocab(path, reader)),
+                         "the vocabulary")
+        except ValueError:
+            pass
         write_cached(cpath, json_writer(config.to_dict()), "the config")  # last: it marks the cache whole
     return config, state
 
@@ -445,7 +459,8 @@ def read(source):
 
 def load_tokenizer(source="default"):
     """The tokenizer of anything load() takes but a .pt checkpoint, which holds no vocabulary. A
-    GGUF file's vocabulary is cached beside its converted weights (gguf's reader takes seconds)."""
+    GGUF file's vocabulary is cached beside its converted weights, by their conversion or here
+    (gguf's reader takes seconds)."""
     path = resolve(source)
     if os.path.isdir(path) or magic(path) != b"GGUF":
         return tokenizer.load_tokenizer(path)

@@ -148,11 +148,13 @@ class Tokenizer:
 # Loading the vocabulary
 
 
-def read_gguf_vocab(path):
-    """(tokens, {special token: id}) of a GGUF file's byte-level BPE."""
-    import gguf  # only needed for GGUF files
+def read_gguf_vocab(path, reader=None):
+    """(tokens, {special token: id}) of a GGUF file's byte-level BPE. reader: the file already
+    open as a gguf.GGUFReader (opening one takes seconds)."""
+    if reader is None:
+        import gguf  # only needed for GGUF files
 
-    reader = gguf.GGUFReader(path)
+        reader = gguf.GGUFReader(path)
     fields = reader.fields
     if "tokenizer.ggml.tokens" not in fields:
         raise ValueError(f"{path}: GGUF file has no tokenizer.ggml.tokens; it holds no tokenizer")

@@ -125,6 +125,19 @@ def test_snapshot_tokenizer_json(tmp_path, tok, reference):
         assert t2.encode(d) == tok.encode(d)
 
 
+def test_converting_the_teacher_parses_its_file_once_for_the_weights_and_the_vocabulary(tmp_path, monkeypatch,
+                                                                                          reference):
+    monkeypatch.setattr(checkpoint, "CACHE_DIR", str(tmp_path))
+    opened, real = [], gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path: opened.append(path) or real(path))
+    checkpoint.read("default")  # converts the weights, and caches the vocabulary from the same reader
+    tok = checkpoint.load_tokenizer("default")
+    assert len(opened) == 1
+    ref, _ = reference
+    for text in HARD + ["<|im_start|>user\nhi<|im_end|>"]:
+        assert tok.encode(text, allow_special=True) == ref.encode(text).ids, text
+
+
 def test_the_vocabulary_cached_beside_the_weights_is_the_gguf_files(tmp_path, monkeypatch, reference):
     monkeypatch.setattr(checkpoint, "CACHE_DIR", str(tmp_path))
     first = checkpoint.load_tokenizer("default")  # read from the GGUF file, then cached
