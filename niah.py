@@ -93,14 +93,15 @@ class Settings(checkpoint.ModelSettings):  # the model's settings first: --init_
     #   0; python data/modern/prepare.py)
     plain: bool = False  # plain completion prompt instead of ChatML (base models)
     # --- the run ---
-    batch_size: int = 4  # prompts per forward (on a GPU: 16)
+    batch_size: int = 4  # prompts per forward (on a GPU: 50, the prompts of one task and length at
+    #   reproduce.py's 10 samples, so a batch is never a remainder)
     out_dir: str = ""  # where results go; "" = out/niah/<model name>
     seed: int = 1337  # needles, haystack windows, and an untrained student's new weights
     decoder: str = "auto"  # fast: static caches (decode.py), on CUDA compiled and replayed from a
     #   CUDA graph; plain: decode.plain's growing caches; auto: fast on CUDA, plain otherwise
 
 
-GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "batch_size": 16}
+GPU_DEFAULTS = {**checkpoint.GPU_DEFAULTS, "batch_size": 50}
 FULL = dict(lengths="512,1024,2048,4096,8192", samples=30)  # --full, unless given
 
 
