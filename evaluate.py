@@ -158,7 +158,6 @@ def lm_metrics(net, data, seq_len, max_windows, batch_size=4, teacher=None):
 # Zero-shot tasks
 
 
-@torch.no_grad()
 def batches(rows, size, tokens=0):
     """Consecutive slices of rows (sequences, longest first): `size` rows each, or with tokens > 0
     as many as fit `tokens` padded to the slice's first (longest) row, at least one."""
@@ -169,6 +168,7 @@ def batches(rows, size, tokens=0):
         b += n
 
 
+@torch.no_grad()
 def loglikelihoods(net, tok, requests, batch_size=4, max_len=2048, tokens=0):
     """[(context, continuation)] -> [(sum log p(continuation | context), greedy)], where greedy
     says whether argmax decoding would have produced the continuation exactly. Requests whose

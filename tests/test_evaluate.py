@@ -83,7 +83,11 @@ def test_multiple_choice_scores_match_a_hand_computation():
         {"requests": [("Pick:", " A"), ("Pick:", " B"), ("Pick:", " C")], "gold": 1},  # one shared forward
     ] * 2
     flat = [r for q in questions for r in q["requests"]]
+    grad = []  # the forwards build no autograd graph
+    hook = net.lm_head.register_forward_hook(lambda *_: grad.append(torch.is_grad_enabled()))
     got = E.loglikelihoods(net, tok, flat, batch_size=3)
+    hook.remove()
+    assert grad and not any(grad)
     assert [s for s, _ in got] == pytest.approx([s for s, _ in E.loglikelihoods(net, tok, flat, batch_size=1)], abs=1e-4)
     by_tokens = E.loglikelihoods(net, tok, flat, batch_size=1, tokens=40)  # the GPU's batching, by tokens
     assert [s for s, _ in by_tokens] == pytest.approx([s for s, _ in got], abs=1e-4)
