@@ -562,14 +562,20 @@ def long_section(runs, assets, out):
                     long_verdict(runs, pairs), ""], path
 
 
-def passkey_mean(run):
-    """(mean passkey accuracy over lengths after SFT, False), or (after stage 3, True) for a run
-    whose NIAH after SFT did not finish, or (None, False)."""
+def passkey(run):
+    """(passkey accuracy by length after SFT, False), or (after stage 3, True) for a run whose
+    NIAH after SFT did not finish, or (None, False)."""
     for after in ("after_sft", "after_stage3"):
         p = run[after]["niah"].get("s_niah_1") if after in run else None
         if p:
-            return mean_accuracy(p), after == "after_stage3"
+            return p, after == "after_stage3"
     return None, False
+
+
+def passkey_mean(run):
+    """passkey() with the accuracy averaged over the lengths."""
+    p, late = passkey(run)
+    return (None if p is None else mean_accuracy(p)), late
 
 
 def recovery(run):
@@ -662,17 +668,7 @@ def findings(runs, floor=None):
         verdict += f" for the {len(known)} of {len(pairs)} pairs measured"
     out.append(f"- Gated beats ungated (average recovery after stage 3): {verdict}. {text}{spread(rec_floor, floor) if known else ''}".rstrip())
 
-    def passkey(name):
-        """(passkey accuracy by length after SFT, False), or (after stage 3, True) for a run whose
-        NIAH after SFT did not finish, or (None, False)."""
-        run = runs.get(name) or {}
-        for after in ("after_sft", "after_stage3"):
-            p = run[after]["niah"].get("s_niah_1") if after in run else None
-            if p:
-                return p, after == "after_stage3"
-        return None, False
-
-    got = {n: passkey(n) for n in ORDER[:7]}
+    got = {n: passkey(runs.get(n) or {}) for n in ORDER[:7]}
     seven = [n for n in ORDER[:7] if got[n][0]]
     cut = [n for n in seven if got[n][1]]  # stand in with their NIAH after stage 3, marked
     mean = {n: mean_accuracy(got[n][0]) for n in seven}
@@ -699,7 +695,7 @@ def findings(runs, floor=None):
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
                    f"{verdict}. {ranks}{spread(key_floor, floor)}")
     for n in ("linear_attention", "retnet"):
-        p, late = passkey(n)
+        p, late = passkey(runs.get(n) or {})
         when = "after stage 3; after SFT not measured" if late else "after SFT"
         if not p:
             out.append(f"- {NAMES[n]} loses retrieval past 512 tokens: not measured.")
