@@ -293,8 +293,7 @@ def _gguf_cached(path):
     config, state = read_gguf(path, reader)
     if write_cached(wpath, lambda tmp: save_file(state, tmp), "the converted weights"):
         try:  # the vocabulary from the same parse, for load_tokenizer; a file without one has none to cache
-            write_cached(os.path.join(folder, "vocab.json"), json_writer(tokenizer.read_gguf_vocab(path, reader)),
-                         "the vocabulary")
+            _cache_vocab(path, reader)
         except ValueError:
             pass
         write_cached(cpath, json_writer(config.to_dict()), "the config")  # last: it marks the cache whole
@@ -464,13 +463,23 @@ def load_tokenizer(source="default"):
     path = resolve(source)
     if os.path.isdir(path) or magic(path) != b"GGUF":
         return tokenizer.load_tokenizer(path)
-    vpath = os.path.join(gguf_cache(path), "vocab.json")
+    vpath = _vocab_path(path)
     if os.path.exists(vpath):
         with open(vpath, encoding="utf-8") as f:
             return tokenizer.Tokenizer(*json.load(f))
-    tokens, special = tokenizer.read_gguf_vocab(path)
-    write_cached(vpath, json_writer([tokens, special]), "the vocabulary")
-    return tokenizer.Tokenizer(tokens, special)
+    return tokenizer.Tokenizer(*_cache_vocab(path))
+
+
+def _vocab_path(path):
+    return os.path.join(gguf_cache(path), "vocab.json")
+
+
+def _cache_vocab(path, reader=None):
+    """(tokens, {special: id}) of the GGUF file at path (reader: it already open), written to its
+    cache folder for load_tokenizer."""
+    tokens, special = tokenizer.read_gguf_vocab(path, reader)
+    write_cached(_vocab_path(path), json_writer([tokens, special]), "the vocabulary")
+    return tokens, special
 
 
 # ---------------------------------------------------------------------------------------------
