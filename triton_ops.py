@@ -2054,7 +2054,12 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 so autograd's backward is one multiply by the incoming scalar (distill_loss).
 
 
-ROW_ALIGN = 16  # channels: Triton's JIT proves 16-byte rows when a row stride divides by 16
+# channels. Triton's JIT proves 16-byte rows when a row stride divides by 16, and on a GPU
+# Inductor pads a compiled product's rows to 128 bytes (torch._inductor.config.
+# padding_alignment_bytes) where an operator of ours must see the strides it saw in eager: a row
+# stride of 16 but not 64 channels is copied back to its eager stride before every operator that
+# reads a slice of the product (an H200's Gated DeltaNet layer: four copies forward, three backward).
+ROW_ALIGN = 64
 
 
 def in_projection(x, weight):

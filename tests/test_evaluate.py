@@ -314,11 +314,12 @@ def test_teacher_student_table_through_the_command_line(tmp_path, capsys, monkey
         with pytest.raises(SystemExit) as e:
             E.main(argv + extra + [f"--teacher_eval={tmp_path / 'r.json'}"])
         assert says in e.value.code and "\n" not in e.value.code
-    # a file from before --task_tokens existed counts as written with its default, 0
+    # a file from before --task_tokens existed was scored by rows, as 0 does: it serves a run of
+    # 0 and stops any other (a GPU's default is 32768)
     older = json.loads(json.dumps(saved))
     del older["settings"]["task_tokens"]
     (tmp_path / "older.json").write_text(json.dumps(older))
-    assert E.main(argv + [f"--teacher_eval={tmp_path / 'older.json'}"])["teacher"] == again["teacher"]
+    assert E.main(argv + ["--task_tokens=0", f"--teacher_eval={tmp_path / 'older.json'}"])["teacher"] == again["teacher"]
     with pytest.raises(SystemExit) as e:
         E.main(argv + ["--task_tokens=64", f"--teacher_eval={tmp_path / 'older.json'}"])
     assert "measured with --task_tokens=0, this run has --task_tokens=64" in e.value.code

@@ -135,7 +135,9 @@ class Stop(Exception):
 def test_in_projection_pads_rows_and_changes_nothing(mixer):
     # at SmolLM2-135M's widths (in_proj holds 1,728 to 2,377 rows) the triton form's product has
     # a row stride that divides by 16, and so have the slices of it the layer hands on (q, k, v
-    # and the gate); its values and the weight's gradient are F.linear's, which the torch form is
+    # and the gate), and one that is a whole number of Inductor's padding alignment in bf16 and
+    # fp32 (so that a compiled step keeps the eager strides and copies nothing); its values and
+    # the weight's gradient are F.linear's, which the torch form is
     import model
 
     cfg = model.Config(n_layer=1, vocab_size=64, mixer=mixer)
@@ -145,6 +147,10 @@ def test_in_projection_pads_rows_and_changes_nothing(mixer):
     x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0)).to(DEV)
     h, h_ref = triton_ops.in_projection(x, w), mixers.in_projection(x, w)
     assert h.stride(1) == rows + (-rows % triton_ops.ROW_ALIGN) and h.stride(1) % 16 == 0
+    from torch._inductor import config as inductor
+
+    align = inductor.padding_alignment_bytes
+    assert all(h.stride(1) * size % align == 0 for size in (2, 4)), (h.stride(1), align)
     dh = torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
     torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(torch.autograd.grad(h, w, dh)[0], torch.autograd.grad(h_ref, w, dh)[0])
