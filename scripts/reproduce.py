@@ -16,8 +16,8 @@ each stage a whole number of train.py's optimizer steps; SFT gets --sft_tokens (
 of the budget, at most one pass over its corpus) at length 1024. <-- vs the study: it runs SFT
 for one epoch of SmolTalk, which is not offline. Every run uses the same teacher, data, seed,
 state size and short-conv setting (train.py's defaults); a stage of more than COMPILE_TOKENS
-tokens runs under torch.compile on a GPU (about 34 s of compiling a block at a time pays back past
-that), the shorter ones eagerly.
+tokens runs under torch.compile on a GPU (SFT and sft_kd among them at 100M), the shorter ones
+eagerly.
 
 Each step is one command a user could type (train.py, evaluate.py, niah.py), run by that script's
 main() inside this process, so that Python, CUDA and the kernels that earlier
@@ -71,7 +71,12 @@ sys.path.insert(0, ROOT)
 import cli  # noqa: E402
 
 STAGES = ("1", "2", "3")
-COMPILE_TOKENS = 30_000_000  # a stage this long compiles on a GPU (train.py's blocks: about 34 s)
+# a stage this long compiles on a GPU. In the KDA run of 2026-12-05 (one H100) compiling a block at
+# a time cost stage 3 about 15 s (its first step 8.6 s, its first evaluation 6.6 s over the
+# others), and a compiled step of 32,768 tokens is some 80 ms shorter than an eager one (SFT eager:
+# 289 ms; stage 3 compiled, the teacher's forward included: 242 ms): it pays back past about 190
+# steps, 6M tokens. At 100M: stages 1 and 2 (2.7M, 5.3M) eager, SFT and sft_kd (10M) compiled.
+COMPILE_TOKENS = 8_000_000
 SFT_LENGTH = 1024  # the study's SFT sequence length
 NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
 NIAH_LONG = NIAH.replace("4096", "4096,8192")  # long-context runs, and a baseline or teacher beside them

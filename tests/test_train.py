@@ -528,15 +528,17 @@ def test_compiled_training_matches_eager(setup, tmp_path, without_inductor):
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
-def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_inductor):
-    # --compile_blocks=true compiles each block (the student's and the teacher's), not the step
+@pytest.mark.parametrize("stage", ["3", "sft_kd"])
+def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_inductor, stage):
+    # --compile_blocks=true compiles each block (the student's and the teacher's), not the step;
+    # sft_kd as well (chat data, the assistant's tokens alone: what reproduce.py's SFT compiles)
     from torch._dynamo.utils import counters
 
     losses = {}
     counters.clear()
     for blocks in (None, True):
         extra = dict(compile=True, compile_blocks=True) if blocks else {}
-        h = train.main(args(setup, out_dir=tmp_path / str(blocks), stage="3", init_from="teacher", max_iters=2,
+        h = train.main(args(setup, out_dir=tmp_path / str(blocks), stage=stage, init_from="teacher", max_iters=2,
                             eval_interval=2, **extra))
         losses[blocks] = [loss for _, loss in h["train"]] + [v["loss"] for v in h["val"]]
     assert losses[True] == pytest.approx(losses[None], rel=1e-4)
