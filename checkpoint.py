@@ -355,6 +355,8 @@ def save(path, model, background=False, **extra):
     global _writer
     _settle(1)  # an earlier write's error comes out here; at most two checkpoints in host memory
     blob = _host_copy(blob)  # the caller's tensors (live weights, optimizer moments) may change now
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the copies out of the GPU have landed before the thread reads them
     if _writer is None:  # its thread is joined at exit: a stopped run's process finishes the write first
         _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
     _writes.append(_writer.submit(_write, path, blob))
@@ -394,6 +396,11 @@ def _write(path, blob):
 def _host_copy(obj):
     """obj with every tensor copied to host memory and every container (and value) copied:
     what a thread may write while the caller trains on and appends to its history."""
+    if torch.is_tensor(obj) and obj.is_cuda:  # into pinned memory, queued (save waits once for all):
+        # a few times pageable memory's rate, and torch's caching host allocator hands the same
+        # buffers to the next checkpoint once this one's file is written
+        out = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+        return out.copy_(obj.detach(), non_blocking=True)
     if torch.is_tensor(obj):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):

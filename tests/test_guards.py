@@ -105,8 +105,12 @@ def test_a_failed_write_removes_its_partial_file_and_keeps_the_old_checkpoint(tm
     assert os.listdir(tmp_path) == ["a.pt"] and digest(path) == good
 
 
-def test_a_background_write_keeps_the_state_of_its_call_and_its_error_comes_out_at_wait(tmp_path, monkeypatch):
-    model, history = tiny_teacher(), {"train": [(1, 2.0)]}
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU"))])
+def test_a_background_write_keeps_the_state_of_its_call_and_its_error_comes_out_at_wait(tmp_path, monkeypatch,
+                                                                                         device):
+    model, history = tiny_teacher().to(device), {"train": [(1, 2.0)]}
+    if device == "cuda":  # a GPU's state goes to pinned host memory, where copies run at full rate
+        assert all(t.is_pinned() for t in checkpoint._host_copy(dict(model.state_dict())).values())
     path, fore = str(tmp_path / "a.pt"), str(tmp_path / "b.pt")
     checkpoint.save(fore, model, history=history)
     checkpoint.save(path, model, background=True, history=history)
