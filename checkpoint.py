@@ -352,14 +352,21 @@ def save(path, model, background=False, **extra):
                       f"{free / 2**30:.2f} GiB free; make room or write elsewhere (--out_dir)")
     if not background:
         return _write(path, blob)
-    global _writer
     _settle(1)  # an earlier write's error comes out here; at most two checkpoints in host memory
     blob = _host_copy(blob)  # the caller's tensors (live weights, optimizer moments) may change now
     if torch.cuda.is_initialized():
         torch.cuda.synchronize()  # the copies out of the GPU have landed before the thread reads them
+    behind(_write, path, blob)
+
+
+def behind(fn, *args):
+    """Runs fn(*args) on the thread that writes save(background=True)'s files, after the writes
+    queued before it (train.py's plot beside a checkpoint); its error comes out at the next
+    save(background=True) or wait(), as a write's does."""
+    global _writer
     if _writer is None:  # its thread is joined at exit: a stopped run's process finishes the write first
         _writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
-    _writes.append(_writer.submit(_write, path, blob))
+    _writes.append(_writer.submit(fn, *args))
 
 
 _writer = None  # the one thread that writes save(background=True)'s files, in the order of the calls

@@ -9,14 +9,12 @@ import os
 
 def plot(history, path):
     """The loss curves as a PNG (train and val loss; val KL and top-1 agreement)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display needed
-        import matplotlib.pyplot as plt
+    try:  # a Figure of its own, not pyplot's: no display, and safe on train.py's writing thread
+        from matplotlib.figure import Figure
     except ImportError:
         return
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    a, b = fig.subplots(1, 2)
     if history["train"]:
         a.plot(*zip(*history["train"]), label="train", lw=0.8)
     val = history["val"]
@@ -35,7 +33,6 @@ def plot(history, path):
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path + ".tmp", format="png", dpi=90)
-    plt.close(fig)
     os.replace(path + ".tmp", path)
 
 

@@ -20,6 +20,7 @@ References: 1) karpathy/nanoGPT train.py, the shape of this loop; 2) Hu et al. 2
 warmup-stable-decay schedule.
 """
 
+import copy
 import functools
 import math
 import os
@@ -397,7 +398,10 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock):
                 checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student,
                                 background=writes_behind(student))
         watch.saved_step = step
-    plot(history, ckpt_path(s)[:-3] + ".png")
+    if writes_behind(student):  # drawn from a copy by the thread that writes the checkpoints
+        checkpoint.behind(plot, copy.deepcopy(history), ckpt_path(s)[:-3] + ".png")
+    else:
+        plot(history, ckpt_path(s)[:-3] + ".png")
     clock.mark("checkpoints")
 
 

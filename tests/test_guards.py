@@ -137,6 +137,22 @@ def test_a_background_write_keeps_the_state_of_its_call_and_its_error_comes_out_
     assert sorted(os.listdir(tmp_path)) == ["a.pt", "b.pt"] and digest(path) == good
 
 
+def test_work_behind_the_writes_runs_after_them_and_its_error_comes_out_at_wait(tmp_path):
+    # train.py's plot on a GPU: drawn by the writing thread, after the checkpoint queued before it
+    path, seen = str(tmp_path / "a.pt"), []
+    checkpoint.save(path, tiny_teacher(), background=True)
+    checkpoint.behind(lambda: seen.append(os.path.exists(path)))
+    checkpoint.wait()
+    assert seen == [True]
+
+    def fails():
+        raise ValueError("no plot")
+
+    checkpoint.behind(fails)
+    with pytest.raises(ValueError, match="no plot"):
+        checkpoint.wait()
+
+
 def test_a_process_stopped_while_a_checkpoint_is_written_writes_it_whole_first(tmp_path):
     # a stopped run (Ctrl-C, or reproduce.py's SIGTERM) unwinds and exits: the write in flight ends
     code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import checkpoint, model as M\n"
