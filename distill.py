@@ -272,6 +272,17 @@ def distill_loss(student_logits, teacher_logits, targets, ce_weight=1.0, kl_weig
     return ce_weight * ce + kl_weight * kl, ce.detach(), kl.detach()
 
 
+def layer_loss(block, x, rope, want, loss):
+    """One layer's term of stage 1 or 2 on the teacher's stream x [B, T, C] entering it:
+    "attention", the MSE of the student's attention output to the teacher's (want); "hidden", the
+    mean L2 distance of the whole block's output to the teacher's next hidden state (want)."""
+    if loss == "attention":
+        y = block.self_attn(block.input_layernorm(x), rope)  # (B, T, C)
+        return F.mse_loss(y.float(), want.float())
+    y = block(x, rope)
+    return (y.float() - want.float()).norm(dim=-1).mean()
+
+
 class StageLoss(nn.Module):
     """The student and its stage's loss, as one module: DistributedDataParallel wraps this,
     so that every gradient the loss produces is averaged across GPUs in one backward.
@@ -285,20 +296,18 @@ class StageLoss(nn.Module):
         self.student, self.stage, self.backend = student, stage, backend
         self.loss = STAGES[stage]["loss"]  # "attention", "hidden", "distill" or "ce"
         self.ce_weight, self.kl_weight, self.temperature = ce_weight, kl_weight, temperature
+        self.layer_fn = layer_loss  # stages 1 and 2: train.py's compiled copy serves every layer
 
     def forward(self, idx, targets, teacher_out):
         net = self.student
         if self.loss in ("attention", "hidden"):
             hidden = teacher_out["hidden"]
             rope = net.rope(idx.shape[1], device=idx.device)
+            # stage 1: the teacher's stream -> its attention output; 2: hidden l -> hidden l+1
+            want = teacher_out["attn"] if self.loss == "attention" else hidden[1:]
             loss = 0.0
             for i, block in enumerate(net.model.layers):
-                if self.loss == "attention":  # the teacher's stream -> its attention output
-                    y = block.self_attn(block.input_layernorm(hidden[i]), rope)  # (B, T, C)
-                    loss = loss + F.mse_loss(y.float(), teacher_out["attn"][i].float())
-                else:  # whole block on teacher hidden l -> teacher hidden l+1
-                    y = block(hidden[i], rope)  # (B, T, C)
-                    loss = loss + (y.float() - hidden[i + 1].float()).norm(dim=-1).mean()
+                loss = loss + self.layer_fn(block, hidden[i], rope, want[i], self.loss)
             return loss, {"loss": loss.detach()}
         return self.from_hidden(net.hidden(idx), targets, teacher_out)
 

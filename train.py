@@ -444,6 +444,7 @@ def main(argv=None, after_step=None):
             block.compile()
         block_fn = torch.compile(distill.teacher_block)
         teacher_pass = eval_teacher = functools.partial(teacher_pass, block_fn=block_fn)
+        loss_model.layer_fn = torch.compile(distill.layer_loss)  # stages 1 and 2: a layer's term
     elif s.compile:  # the whole step, fused across blocks and into the loss
         train_model, teacher_pass = torch.compile(loss_model), torch.compile(teacher_pass)
     if ddp:

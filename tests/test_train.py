@@ -528,12 +528,15 @@ def test_compiled_training_matches_eager(setup, tmp_path, without_inductor):
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
-@pytest.mark.parametrize("stage", ["3", "sft_kd"])
-def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_inductor, stage):
-    # --compile_blocks=true compiles each block (the student's and the teacher's), not the step;
-    # sft_kd as well (chat data, the assistant's tokens alone: what reproduce.py's SFT compiles)
+@pytest.mark.parametrize("stage", ["1", "2", "3", "sft_kd"])
+def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_inductor, monkeypatch, stage):
+    # --compile_blocks=true compiles each block (the student's and the teacher's), not the step,
+    # and for stages 1 and 2 a layer's term of the loss; sft_kd as well (chat data, the
+    # assistant's tokens alone: what reproduce.py's SFT compiles)
     from torch._dynamo.utils import counters
 
+    compiled, compile_ = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or compile_(fn, **kw))
     losses = {}
     counters.clear()
     for blocks in (None, True):
@@ -542,6 +545,8 @@ def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_indu
                             eval_interval=2, **extra))
         losses[blocks] = [loss for _, loss in h["train"]] + [v["loss"] for v in h["val"]]
     assert losses[True] == pytest.approx(losses[None], rel=1e-4)
-    # the student's block (training, and evaluating without gradients) and the teacher's: one
-    # compilation each for both layers (one a layer would be at least 4)
-    assert 2 <= counters["stats"]["unique_graphs"] <= 3
+    # the student's block (training, and evaluating without gradients), the teacher's, and in
+    # stages 1 and 2 the layer's term (training, and evaluating): one compilation each for both
+    # layers (one a layer would be at least twice as many)
+    assert 2 <= counters["stats"]["unique_graphs"] <= (4 if stage in ("1", "2") else 3)
+    assert distill.layer_loss in compiled and distill.teacher_block in compiled
