@@ -398,10 +398,11 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock):
                 checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student,
                                 background=writes_behind(student))
         watch.saved_step = step
+    png = ckpt_path(s)[:-3] + ".png"
     if writes_behind(student):  # drawn from a copy by the thread that writes the checkpoints
-        checkpoint.behind(plot, copy.deepcopy(history), ckpt_path(s)[:-3] + ".png")
+        checkpoint.behind(plot, copy.deepcopy(history), png)
     else:
-        plot(history, ckpt_path(s)[:-3] + ".png")
+        plot(history, png)
     clock.mark("checkpoints")
 
 
