@@ -37,8 +37,9 @@ follows the training length", "retrieval is bounded by the state" or "not settle
 in long_verdict. These runs (and teacher_long, the teacher measured to 8k) stay out of the
 study's tables.
 
-Replicates: <results>/earlier holds earlier runs of the same commands (a run's JSON moves there
-when the command runs again). Each student run twice gets a row of the replicate table: average
+Replicates: <results>/earlier holds earlier runs of the same recipes (a run's JSON moves there
+when the recipe runs again; maturity points and --sft_kd add work beside a run and change none of
+its stages, so a run with them replicates one without). Each student run twice gets a row of the replicate table: average
 recovery after stage 3 and mean passkey accuracy (after SFT) in both runs and their difference.
 The findings that compare students take the largest such difference as the run-to-run noise: a
 gap between two students no larger than it is not a finding ("not settled").
@@ -583,10 +584,24 @@ def recovery(run):
     return run["after_stage3"]["eval"]["summary"]["recovery"].get("avg") if "after_stage3" in run else None
 
 
+ADDED_ARMS = ("maturity", "sft_kd")  # settings that add work beside a run and change none of its stages
+
+
+def recipe(run):
+    """What a run trains and measures: its settings but the added arms (maturity points keep weights
+    along stage 3, sft_kd fine-tunes a second copy of its stage-3 student), or its command where it
+    has no settings."""
+    if "settings" not in run:
+        return run.get("command")
+    out = {k: v for k, v in run["settings"].items() if k not in ADDED_ARMS}
+    out["steps"] = {k: v for k, v in out.get("steps", {}).items() if k not in ADDED_ARMS}
+    return out
+
+
 def replicates(runs, earlier):
-    """{name: (run, its earlier run)}: the students run twice with the same command."""
+    """{name: (run, its earlier run)}: the students run twice with the same recipe."""
     return {n: (r, earlier[n]) for n, r in runs.items() if n in earlier and n != "teacher"
-            and r.get("command") == earlier[n].get("command")}
+            and recipe(r) == recipe(earlier[n])}
 
 
 def differences(pairs):
@@ -878,7 +893,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="the report (default <results>/report.md)")
     ap.add_argument("--assets", default=os.path.join(ROOT, "assets"), help="where the plots go")
     ap.add_argument("--budgets", default="", help="folders of runs at other budgets, comma-separated: a table by budget")
-    ap.add_argument("--earlier", default=None, help="earlier runs of the same commands (default <results>/earlier)")
+    ap.add_argument("--earlier", default=None, help="earlier runs of the same recipes (default <results>/earlier)")
     args = ap.parse_args(argv)
     folders = [args.results] + [f for f in args.budgets.split(",") if f]
     loaded = [load(f) for f in folders]
@@ -920,11 +935,11 @@ def main(argv=None):
     lines += ["### Replicates: the students run twice", ""]
     if pairs:
         rel = os.path.relpath(earlier_dir, os.path.dirname(os.path.abspath(out)))
-        lines += [f"The same command run again (the earlier run kept in [{rel}/]({rel})); mean passkey accuracy over "
+        lines += [f"The same recipe run again (the earlier run kept in [{rel}/]({rel})); mean passkey accuracy over "
                   "lengths after SFT (* after stage 3: that run's NIAH after SFT did not finish); differences in "
                   "points, this run minus the earlier.", "", replicate_table(pairs), ""]
     else:
-        lines += ["No student has been run twice with the same command.", ""]
+        lines += ["No student has been run twice with the same recipe.", ""]
     section, long_figure = long_section(loaded[0], args.assets, out)
     lines += section + ["### The study's findings here", "", findings(runs, noise(pairs)), "", "Runs:", ""]
     drawn += [long_figure] if long_figure else []

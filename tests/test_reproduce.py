@@ -272,8 +272,8 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
     assert f"| GLA | {report.count(sum(tiny[2]['settings']['stage_tokens'][k] for k in '123'))} |" in text
     assert "passkey 128" in text
     assert "not measured" in text  # one student: no finding can be judged
-    assert "No student has been run twice with the same command." in text
-    (d / "results" / "earlier").mkdir()  # its run again, as the earlier run of the same command
+    assert "No student has been run twice with the same recipe." in text
+    (d / "results" / "earlier").mkdir()  # its run again, as the earlier run of the same recipe
     try:
         again = json.loads(json.dumps(tiny[2]))
         again["date"], again["after_stage3"]["eval"]["summary"]["recovery"]["avg"] = "2026-01-01", [0.5, 0.4, 0.6]
@@ -429,6 +429,14 @@ def test_a_gap_within_the_run_to_run_difference_is_not_a_finding():
     lines = report.findings(runs, report.noise(report.replicates(runs, earlier))).splitlines()
     assert ": not settled (Gated DeltaNet 62% against 60%, a gap within the run-to-run difference). " in lines[1]
     earlier["kda"]["command"] += " --other"  # another command: not a replicate
+    assert "kda" not in report.replicates(runs, earlier)
+    # with settings, the recipe decides: maturity points and sft_kd add work beside the same stages
+    settings = {"mixer": "kda", "tokens": 100_000_000, "steps": {"1": 81, "2": 163, "3": 2808, "sft": 305}}
+    earlier["kda"]["settings"] = dict(settings)
+    runs["kda"]["settings"] = {**settings, "maturity": {"12484608": 137}, "sft_kd": True,
+                               "steps": {**settings["steps"], "sft_kd": 305}}
+    assert "kda" in report.replicates(runs, earlier)
+    runs["kda"]["settings"]["tokens"] = 50_000_000  # another budget: not a replicate
     assert "kda" not in report.replicates(runs, earlier)
 
 
