@@ -1071,16 +1071,21 @@ def _delta_gate_row(p_g, t, o_k, m_k, H: tl.constexpr, K: tl.constexpr, GATE: tl
 
 
 @triton.jit
-def _delta_inv16(b_a, BC: tl.constexpr):
-    # (I + L)^-1 for a strictly lower [BC, BC] block L, by forward substitution row by row:
-    # row i of (T - I) = -L_i + sum_{j<i} (-L_ij) (T - I)_j, rows j < i already final
+def _delta_lower16(p, s, BT: tl.constexpr, BC: tl.constexpr, stride):
+    # -L for the strictly lower part L of diagonal block s: rows 0 and 1 of (I + L)^-1 - I already
     o_c = tl.arange(0, BC)
-    b_t = -tl.where(o_c[:, None] > o_c[None, :], b_a, 0.)
-    for i in range(1, BC):
-        b_row = tl.sum(tl.where(o_c[:, None] == i, b_t, 0.), 0)          # [BC] = -L_i
-        b_row = b_row + tl.sum(b_row[:, None] * b_t, 0)                   # [BC] = (T - I)_i
-        b_t = tl.where(o_c[:, None] == i, b_row[None, :], b_t)
-    return b_t + (o_c[:, None] == o_c[None, :]).to(tl.float32)
+    return -tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p, s, s, BT, BC, stride), 0.)
+
+
+@triton.jit
+def _delta_sub_row(p, s, i, b_t, BC: tl.constexpr, stride):
+    # one step of forward substitution in diagonal block s: row i of (I + L)^-1 - I is
+    # -L_i - sum_{j<i} L_ij (T - I)_j, its rows j < i final in b_t; L_i read back from memory
+    # (a cached load, where taking it out of the registers is one more reduction across lanes)
+    o_c = tl.arange(0, BC)
+    b_row = -tl.load(p + (s * BC + i) * stride + s * BC + o_c, mask=o_c < i, other=0.)
+    b_row += tl.sum(b_row[:, None] * b_t, 0)
+    return tl.where(o_c[:, None] == i, b_row[None, :], b_t)
 
 
 @triton.jit
@@ -1227,10 +1232,16 @@ def _delta_solve_kernel(A, Ai, H: tl.constexpr, BT: tl.constexpr, BC: tl.constex
     p_A = _delta_chunk_base(A, i_b, i_t, i_h, Tp, H, BT)
     p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
     S: tl.constexpr = H * BT
-    b_t00 = _delta_inv16(_delta_blk(p_A, 0, 0, BT, BC, S), BC)
-    b_t11 = _delta_inv16(_delta_blk(p_A, 1, 1, BT, BC, S), BC)
-    b_t22 = _delta_inv16(_delta_blk(p_A, 2, 2, BT, BC, S), BC)
-    b_t33 = _delta_inv16(_delta_blk(p_A, 3, 3, BT, BC, S), BC)
+    b_t00, b_t11 = _delta_lower16(p_A, 0, BT, BC, S), _delta_lower16(p_A, 1, BT, BC, S)
+    b_t22, b_t33 = _delta_lower16(p_A, 2, BT, BC, S), _delta_lower16(p_A, 3, BT, BC, S)
+    for i in range(2, BC):  # the four blocks' substitutions side by side: four chains, no waits
+        b_t00 = _delta_sub_row(p_A, 0, i, b_t00, BC, S)
+        b_t11 = _delta_sub_row(p_A, 1, i, b_t11, BC, S)
+        b_t22 = _delta_sub_row(p_A, 2, i, b_t22, BC, S)
+        b_t33 = _delta_sub_row(p_A, 3, i, b_t33, BC, S)
+    o_c = tl.arange(0, BC)
+    b_i = (o_c[:, None] == o_c[None, :]).to(tl.float32)
+    b_t00, b_t11, b_t22, b_t33 = b_t00 + b_i, b_t11 + b_i, b_t22 + b_i, b_t33 + b_i
     b_a10 = _delta_blk(p_A, 1, 0, BT, BC, S)
     b_a20 = _delta_blk(p_A, 2, 0, BT, BC, S)
     b_a21 = _delta_blk(p_A, 2, 1, BT, BC, S)
