@@ -17,6 +17,7 @@ On the CPU inductor compiles the graph around the operators to C++ and the kerne
 Triton's interpreter; on a GPU all of it is compiled.
 """
 
+import hashlib
 import os
 
 import pytest
@@ -241,8 +242,8 @@ def op_args(name):
         return ops.delta_rule_fwd.default, (q, kn, v, beta, None, None, 0.3, False)
     if name == "delta_rule_bwd-head":
         q, kn, v, beta, gh, h0 = (x.detach() for x in (q, kn, v, beta, gh, h0))
-        _, _, gc, Ai, P = ops.delta_rule_fwd(q, kn, v, beta, gh, h0, 0.3, False)
-        return ops.delta_rule_bwd.default, (do, None, q, kn, v, beta, gh, h0, gc, Ai, P, 0.3, False)
+        _, _, *kept = ops.delta_rule_fwd(q, kn, v, beta, gh, h0, 0.3, False)  # gc, Ai, P, W, h, Vnew
+        return ops.delta_rule_bwd.default, (do, None, q, kn, v, beta, gh, h0, *kept, 0.3, False)
     if name == "recurrent_step_delta_rule":
         x = [t.detach()[:, :1] for t in (q, kn, v, beta, gk)]
         return ops.recurrent_step_delta_rule.default, (*x, h0.detach(), 0.3)
@@ -353,7 +354,7 @@ FNS = {name: (fn, make) for name, _, fn, make in CASES}
 @pytest.mark.parametrize("name", ["chunk_decay_additive-channel", "chunk_delta_rule-channel-bounded", "distill_loss"])
 def test_the_backward_fills_no_zeros_for_outputs_nobody_reads(name):
     # autograd hands a tensor of zeros to the backward for every output without a gradient unless
-    # the operator asks for None: four a delta-rule layer (its state, gate cumsum, T and P), and
+    # the operator asks for None: seven a delta-rule layer (its state and the six it keeps), and
     # an [N, V] one for the loss's kept gradient
     fn, make = FNS[name]
     args = make(torch.Generator(DEV).manual_seed(0))
@@ -378,3 +379,10 @@ def test_the_final_state_alone_takes_its_gradient(name):
     assert any(a is not None and a.abs().sum() > 0 for a in alone)
     for a, b in zip(alone, both):
         assert (a is None and (b is None or not b.any())) or torch.equal(a, b)
+
+
+def test_compiled_code_is_keyed_by_this_source():
+    # torch.compile's caches see a custom operator by name: without the file's text in their key,
+    # a graph compiled before an edit of an operator's autograd calls the old backward
+    digest = hashlib.sha256(open(triton_ops.__file__, "rb").read()).hexdigest()[:16]
+    assert f"linearize-{digest}" in torch.compiler.config.cache_key_tag
