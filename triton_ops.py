@@ -808,10 +808,11 @@ def _add_chunk_cumsum(g, BT):
 @_op("add_chunk_fwd")
 def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
                    h0: Optional[torch.Tensor], scale: float, BT: int, bounded: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """States + outputs: (o, final state fp32, gc), gc the per-channel gates' chunk cumsums
-    (kept for the backward) or absent. bounded: per-channel gates take the bounded path, every
-    g >= a gate_min that chunk_decay_additive checked."""
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """States + outputs: (o, final state fp32, gc, hs), gc the per-channel gates' chunk cumsums
+    or absent, and hs the states entering each chunk, both kept for the backward (which reads hs
+    rather than running the state kernel again). bounded: per-channel gates take the bounded
+    path, every g >= a gate_min that chunk_decay_additive checked."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     gate = _add_gate_kind(g, q)
@@ -833,7 +834,7 @@ def _add_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optiona
         _add_fwd_out_kernel[(triton.cdiv(V, BV), NT, B * H)](
             q, k, v, gk, hs, o, scale, T, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             GATE=gate, num_warps=_ADD_WARPS)
-    return o, ht, gk if gate >= 2 else _absent(q)
+    return o, ht, gk if gate >= 2 else _absent(q), hs
 
 
 @_add_chunk_fwd.register_fake
@@ -841,17 +842,18 @@ def _(q, k, v, g, h0, scale, BT, bounded):
     B, T, H, K = q.shape
     Tp = triton.cdiv(T, BT) * BT
     gc = _absent(q) if g is None or g.dim() == 1 else q.new_empty((B, Tp, H, K)[:g.dim()], dtype=torch.float32)
-    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), gc
+    hs = k.new_empty(B, H, Tp // BT + 1, K, v.shape[-1])
+    return torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), gc, hs
 
 
 @_op("add_chunk_bwd")
 def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, g: Optional[torch.Tensor], h0: Optional[torch.Tensor], gc: torch.Tensor,
-                   scale: float, BT: int, bounded: bool, need_dg: bool
+                   hs: torch.Tensor, scale: float, BT: int, bounded: bool, need_dg: bool
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg, dh0) from the output's and the final state's gradients (dht None: none);
     dg absent without a gate or when not needed (a scalar gate then skips its work, RetNet's fixed
-    decay), dh0 without an initial state. Recomputes the chunk states."""
+    decay), dh0 without an initial state. hs: the forward's states entering each chunk."""
     gate = _add_gate_kind(g, q)
     need_dg = need_dg and gate > 0
     B, T, H, K = q.shape
@@ -859,8 +861,7 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
     NT = triton.cdiv(T, BT)
     do = do.contiguous()
     gk = q if gate == 0 else (gc if gate >= 2 else g.float().contiguous())
-    # 1) states entering each chunk, recomputed
-    hs, _ = _add_forward_states(k, v, gk, h0, gate, BT)
+    # 1) the states entering each chunk: hs, from the forward
     # 2) gradients of the states leaving each chunk, last chunk first
     BK, BV = _add_blocks(K, V)
     NK = triton.cdiv(K, BK)
@@ -903,7 +904,7 @@ def _add_chunk_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tenso
 
 
 @_add_chunk_bwd.register_fake
-def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded, need_dg):
+def _(do, dht, q, k, v, g, h0, gc, hs, scale, BT, bounded, need_dg):
     B, T, H, K = q.shape
     dg = g.new_empty(g.shape) if g is not None and need_dg else _absent(q)
     dh0 = _absent(q) if h0 is None else q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32)
@@ -912,17 +913,17 @@ def _(do, dht, q, k, v, g, h0, gc, scale, BT, bounded, need_dg):
 
 def _add_chunk_setup(ctx, inputs, output):
     q, k, v, g, h0, scale, BT, bounded = inputs
-    ctx.mark_non_differentiable(output[2])
+    ctx.mark_non_differentiable(output[2], output[3])
     ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not a tensor of zeros
-    ctx.save_for_backward(q, k, v, g, h0, output[2])
+    ctx.save_for_backward(q, k, v, g, h0, output[2], output[3])
     ctx.scale, ctx.BT, ctx.bounded = scale, BT, bounded
 
 
-def _add_chunk_backward(ctx, do, dht, _):
-    q, k, v, g, h0, gc = ctx.saved_tensors
+def _add_chunk_backward(ctx, do, dht, *_):
+    q, k, v, g, h0, gc, hs = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do  # only the final state was used
     need_dg = g is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, ctx.scale, ctx.BT, ctx.bounded, need_dg)
+    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, hs, ctx.scale, ctx.BT, ctx.bounded, need_dg)
     return dq, dk, dv, dg if need_dg else None, None if h0 is None else dh0, None, None, None
 
 
@@ -956,7 +957,7 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
         initial_state = initial_state.float().contiguous()
     # fp16 keeps the exact path: its 5-bit exponent does not hold k * exp(G_r - G_j) up to e^80
     bounded = bounded and gate == 3 and q.dtype != torch.float16
-    o, ht, _ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size, bounded)
+    o, ht, *_ = _add_chunk_fwd(q, k, v, g, initial_state, scale, chunk_size, bounded)
     return o, ht
 
 

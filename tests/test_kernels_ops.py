@@ -227,13 +227,13 @@ def op_args(name):
     # no derivative of their own)
     if name == "add_chunk_bwd-head":
         q, k, v, gh, h0 = (x.detach() for x in (q, k, v, gh, h0))
-        _, _, gc = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16, False)
-        return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, 0.3, 16, False, True)
+        _, _, gc, hs = ops.add_chunk_fwd(q, k, v, gh, h0, 0.3, 16, False)
+        return ops.add_chunk_bwd.default, (do, dht, q, k, v, gh, h0, gc, hs, 0.3, 16, False, True)
     if name == "add_chunk_bwd-const-fixed":  # a decay that is not learned (RetNet's): no dg
         q, k, v, h0 = (x.detach() for x in (q, k, v, h0))
         g = logdecay(gen, H, grad=False)
-        _, _, gc = ops.add_chunk_fwd(q, k, v, g, h0, 0.3, 16, False)
-        return ops.add_chunk_bwd.default, (do, dht, q, k, v, g, h0, gc, 0.3, 16, False, False)
+        _, _, gc, hs = ops.add_chunk_fwd(q, k, v, g, h0, 0.3, 16, False)
+        return ops.add_chunk_bwd.default, (do, dht, q, k, v, g, h0, gc, hs, 0.3, 16, False, False)
     if name == "delta_rule_fwd-channel":
         return ops.delta_rule_fwd.default, (q, kn, v, beta, gk, h0, 0.3, False)
     if name == "delta_rule_fwd-channel-bounded":  # the kernels' bounded path (logsigmoid gates are > -5)
