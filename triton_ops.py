@@ -1012,9 +1012,12 @@ _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
 # fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
-# _delta_solve_kernel: 16x16 blocks, work for one warp. It spills 2,484 bytes a thread there (sm_90)
-# and is still fastest: 0.218 ms at 1 warp, 0.431 at 2, 0.722 at 4, where each substitution step
-# sums across warps (8 x 4096 x 16 x 64, one H200, bench.py --profile)
+# _delta_solve_kernel: 16x16 blocks, work for one warp. Its earlier form (each diagonal block's
+# substitution on its own, a row taken out of the registers by a sum) spilled 2,484 bytes a thread
+# there (sm_90) and was still fastest: 0.218 ms at 1 warp, 0.431 at 2, 0.722 at 4, where each
+# substitution step sums across warps (8 x 4096 x 16 x 64, one H200, bench.py --profile). With the
+# four substitutions side by side and rows read back from memory: 255 registers and 928 bytes
+# spilled at 1 warp, none at 2 (scripts/kernel_smem.py); not yet timed on a GPU
 _DELTA_SOLVE_WARPS = 1
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
@@ -2217,7 +2220,10 @@ def _conv_bwd_kernel(x, w, dy0, dy1, dy2, dx, dwp, T, D, SB, SX, DP, NB, NT, L2P
 
 
 _CONV_BT = 64  # time rows per program
-_CONV_BWD_BT = 32  # in the backward, which holds more a row
+# time rows per program of the backward, which holds more a row (da, recomputed at each shift):
+# compiled for sm_90 in bf16 (scripts/kernel_smem.py), 156 registers a thread at 32 rows and 4
+# warps, 248 at 64 rows, and 255 with 676 bytes spilled when the shifts' loop is unrolled
+_CONV_BWD_BT = 32
 _CONV_LANES = 64  # channel lanes per program: whole heads of head_dim channels, or 64 channels
 _CONV_WARPS = 4  # warps per program
 _CONV_PARTS = 3  # at most: q, k, v
