@@ -2066,8 +2066,10 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 mixer (mixers.short_conv). cuDNN's depthwise conv and its backward, plus the
 #                 padding, transposes and SiLU around it, cost about as much as the delta rule's
 #                 own kernels at (B, T) = (8, 2048). Here: one kernel reads x once and writes y;
-#                 backward, one kernel writes dx and per-block partial sums of dw, recomputing
-#                 the pre-activation and its gradient da where it needs them. For the
+#                 backward, one kernel recomputes the pre-activation and writes its gradient da,
+#                 a second writes dx and per-block partial sums of dw from da and x (one kernel
+#                 that recomputes da at each of the S shifts instead was slower: 1.27 ms against
+#                 0.70 at 64 x 512 x 1728, one H100, 2026-12-05). For the
 #                 layers, the same kernels read q, k, v as a slice of the stacked projection,
 #                 write them as three contiguous tensors and L2-normalize q and k per head
 #                 (channel blocks are whole heads), which replaces a view, three copies and two
@@ -2173,57 +2175,56 @@ def _conv_fwd_kernel(x, w, y0, y1, y2, T, D, SB, SX, DP, NB, L2P, S: tl.constexp
 
 
 @triton.jit
-def _conv_da(x, w, dy, o_t, o_d, o_c, m_d, i_p, T, SX, DP, L2P, S: tl.constexpr, BT: tl.constexpr,
-             EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
-    """The gradient at the pre-activation at rows o_t (0 from row T on), fp32, from the part's
-    gradient dy [T, DP] (contiguous), the pre-activation recomputed. Through a head's L2 norm,
-    with yh = y r: dy_silu = r (dy - yh sum(dy yh)); then da = dy_silu * silu'(a)."""
-    b_a = _conv_pre(x, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP)
+def _conv_da_kernel(x, w, dy0, dy1, dy2, da, T, D, SB, SX, DP, NB, L2P, S: tl.constexpr, BT: tl.constexpr,
+                    E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
+    """The gradient at the pre-activation, da [B, T, D] contiguous, from the parts' gradients dy0,
+    dy1, dy2 laid out as y, the pre-activation recomputed. Through a head's L2 norm, with
+    yh = y r: dy_silu = r (dy - yh sum(dy yh)); then da = dy_silu * silu'(a)."""
+    i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t = i_t * BT + tl.arange(0, BT)
+    i_p, o_d, o_c, m_d = _conv_cols(i_d, DP, NB, E, EP, NH)
     m = (o_t < T)[:, None] & m_d[None, :]
-    b_dy = tl.load(dy + o_t.to(tl.int64)[:, None] * DP + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    b_a = _conv_pre(x + i_b.to(tl.int64) * SB, w, o_t, o_d, m_d, T, SX, S, BT, NH * EP)
+    dy = _conv_part(dy0, dy1, dy2, i_p)
+    o_row = (i_b * T + o_t).to(tl.int64)[:, None]
+    b_dy = tl.load(dy + o_row * DP + o_c[None, :], mask=m, other=0.0).to(tl.float32)
     b_y, b_ds = _act(b_a, 1)  # silu(a), silu'(a)
     if L2:
         if i_p < L2P:
             b_r = 1 / tl.sqrt(_head_sum(b_y * b_y, BT, EP, NH) + 1e-24)
             b_yh = b_y * b_r
             b_dy = b_r * (b_dy - b_yh * _head_sum(b_dy * b_yh, BT, EP, NH))
-    return b_dy * b_ds
+    tl.store(da + o_row * D + o_d[None, :], (b_dy * b_ds).to(da.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _conv_bwd_kernel(x, w, dy0, dy1, dy2, dx, dwp, T, D, SB, SX, DP, NB, NT, L2P, S: tl.constexpr,
-                     BT: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr, L2: tl.constexpr):
+def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, DP, NB, NT, S: tl.constexpr, BT: tl.constexpr,
+                     E: tl.constexpr, EP: tl.constexpr, NH: tl.constexpr):
     """dx [B, T, D] (contiguous) and this block's share of dw, dwp [B * NT, S, D] fp32 (summed
-    by the caller), from the parts' gradients dy0, dy1, dy2 laid out as y. x at row t feeds
-    output row t + (S-1) - j through tap j, so dx_t = sum_j w_j da_{t+S-1-j} and
-    dw_j = sum_t da_t x_{t-(S-1)+j}, da the gradient at the pre-activation (_conv_da). da is
-    recomputed at each of the S shifts, the block's rows and the S-1 after them, rather than
-    written out and read back: memory holds x, dy and dx alone."""
+    by the caller). x at row t feeds output row t + (S-1) - j through tap j, so
+    dx_t = sum_j w_j da_{t+S-1-j}; dw_j = sum_t da_t x_{t-(S-1)+j}."""
     i_t, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     x += i_b.to(tl.int64) * SB
-    o_t = i_t * BT + tl.arange(0, BT)
-    i_p, o_d, o_c, m_d = _conv_cols(i_d, DP, NB, E, EP, NH)
-    dy = _conv_part(dy0, dy1, dy2, i_p) + i_b.to(tl.int64) * T * DP
+    base = i_b.to(tl.int64) * T * D
+    da, dx = da + base, dx + base
+    o_t = (i_t * BT + tl.arange(0, BT)).to(tl.int64)
+    _, o_d, _, m_d = _conv_cols(i_d, DP, NB, E, EP, NH)
     b_dx = tl.zeros([BT, NH * EP], dtype=tl.float32)
-    b_da = tl.zeros([BT, NH * EP], dtype=tl.float32)
-    for j in range(S):  # the output rows that read this block's x through tap j; j = S-1 last
-        b_da = _conv_da(x, w, dy, o_t + (S - 1) - j, o_d, o_c, m_d, i_p, T, SX, DP, L2P, S, BT, EP, NH, L2)
-        b_dx += b_da * tl.load(w + o_d * S + j, mask=m_d, other=0.0)[None, :]
     p_dw = dwp + (i_b * NT + i_t).to(tl.int64) * S * D
-    for j in tl.static_range(S):  # b_da: this block's rows; the x rows they read through tap j
-        o_s = o_t - (S - 1) + j
+    b_da = tl.load(da + o_t[:, None] * D + o_d[None, :], mask=(o_t < T)[:, None] & m_d[None, :], other=0.0)
+    for j in tl.static_range(S):
+        b_w = tl.load(w + o_d * S + j, mask=m_d, other=0.0)
+        o_s = o_t + (S - 1) - j  # the output rows that read this block's x through tap j
+        m_s = (o_s < T)[:, None] & m_d[None, :]
+        b_dx += tl.load(da + o_s[:, None] * D + o_d[None, :], mask=m_s, other=0.0).to(tl.float32) * b_w[None, :]
+        o_s = o_t - (S - 1) + j  # the x rows this block's outputs read through tap j
         m_s = ((o_s >= 0) & (o_s < T))[:, None] & m_d[None, :]
         b_x = tl.load(x + o_s.to(tl.int64)[:, None] * SX + o_d[None, :], mask=m_s, other=0.0).to(tl.float32)
-        tl.store(p_dw + j * D + o_d, tl.sum(b_da * b_x, axis=0), mask=m_d)
-    o_dx = (i_b.to(tl.int64) * T + o_t)[:, None] * D + o_d[None, :]
-    tl.store(dx + o_dx, b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
+        tl.store(p_dw + j * D + o_d, tl.sum(b_da.to(tl.float32) * b_x, axis=0), mask=m_d)
+    tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
 _CONV_BT = 64  # time rows per program
-# time rows per program of the backward, which holds more a row (da, recomputed at each shift):
-# compiled for sm_90 in bf16 (scripts/kernel_smem.py), 156 registers a thread at 32 rows and 4
-# warps, 248 at 64 rows, and 255 with 676 bytes spilled when the shifts' loop is unrolled
-_CONV_BWD_BT = 32
 _CONV_LANES = 64  # channel lanes per program: whole heads of head_dim channels, or 64 channels
 _CONV_WARPS = 4  # warps per program
 _CONV_PARTS = 3  # at most: q, k, v
@@ -2288,12 +2289,16 @@ def _short_conv_bwd(dys: list[torch.Tensor], x: torch.Tensor, w: torch.Tensor, l
     parts = len(dys)
     DP = D // parts
     E, EP, NH, NB = _conv_blocks(DP, head_dim)
-    S, NT = w32.shape[1], triton.cdiv(T, _CONV_BWD_BT)
+    S, NT = w32.shape[1], triton.cdiv(T, _CONV_BT)
     grid = (NT, parts * NB, B)
+    da = torch.empty(B, T, D, device=x.device, dtype=dys[0].dtype)
     dx = torch.empty(B, T, D, device=x.device, dtype=x.dtype)
     dwp = torch.empty(B * NT, S, D, device=x.device, dtype=torch.float32)
-    _conv_bwd_kernel[grid](x, w32, *_three(dys), dx, dwp, T, D, x.stride(0), x.stride(1), DP, NB, NT, l2_parts,
-                           S=S, BT=_CONV_BWD_BT, E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
+    SB, SX = x.stride(0), x.stride(1)
+    _conv_da_kernel[grid](x, w32, *_three(dys), da, T, D, SB, SX, DP, NB, l2_parts, S=S, BT=_CONV_BT,
+                          E=E, EP=EP, NH=NH, L2=l2_parts > 0, num_warps=_CONV_WARPS)
+    _conv_bwd_kernel[grid](x, w32, da, dx, dwp, T, D, SB, SX, DP, NB, NT, S=S, BT=_CONV_BT, E=E, EP=EP,
+                           NH=NH, num_warps=_CONV_WARPS)
     return dx, dwp.sum(0).t().contiguous().to(w.dtype)
 
 
