@@ -1017,7 +1017,9 @@ _DELTA_WIDE_WARPS = 8
 # there (sm_90) and was still fastest: 0.218 ms at 1 warp, 0.431 at 2, 0.722 at 4, where each
 # substitution step sums across warps (8 x 4096 x 16 x 64, one H200, bench.py --profile). With the
 # four substitutions side by side and rows read back from memory: 255 registers and 928 bytes
-# spilled at 1 warp, none at 2 (scripts/kernel_smem.py); not yet timed on a GPU
+# spilled at 1 warp, none at 2 (scripts/kernel_smem.py), and 1 warp still fastest: 0.122 ms at 1,
+# 0.162 at 2, 0.223 at 4 at stage 3's 64 x 512 x 9 x 64, where the earlier form took 0.344 at 1
+# warp (one H100, 2026-12-05, results/speed/kernel_bench_h100_745c312.txt)
 _DELTA_SOLVE_WARPS = 1
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
