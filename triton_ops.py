@@ -913,17 +913,18 @@ def _(do, dht, q, k, v, g, h0, gc, hs, scale, BT, bounded, need_dg):
 
 def _add_chunk_setup(ctx, inputs, output):
     q, k, v, g, h0, scale, BT, bounded = inputs
-    ctx.mark_non_differentiable(output[2], output[3])
+    _, _, *kept = output  # gc, hs
+    ctx.mark_non_differentiable(*kept)
     ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, not a tensor of zeros
-    ctx.save_for_backward(q, k, v, g, h0, output[2], output[3])
+    ctx.save_for_backward(q, k, v, g, h0, *kept)
     ctx.scale, ctx.BT, ctx.bounded = scale, BT, bounded
 
 
 def _add_chunk_backward(ctx, do, dht, *_):
-    q, k, v, g, h0, gc, hs = ctx.saved_tensors
+    q, k, v, g, h0, *kept = ctx.saved_tensors
     do = torch.zeros_like(v) if do is None else do  # only the final state was used
     need_dg = g is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, gc, hs, ctx.scale, ctx.BT, ctx.bounded, need_dg)
+    dq, dk, dv, dg, dh0 = _add_chunk_bwd(do, dht, q, k, v, g, h0, *kept, ctx.scale, ctx.BT, ctx.bounded, need_dg)
     return dq, dk, dv, dg if need_dg else None, None if h0 is None else dh0, None, None, None
 
 
