@@ -2227,9 +2227,12 @@ def _conv_bwd_kernel(x, w, da, dx, dwp, T, D, SB, SX, DP, NB, NT, S: tl.constexp
     tl.store(dx + o_t[:, None] * D + o_d[None, :], b_dx.to(dx.dtype.element_ty), mask=(o_t < T)[:, None] & m_d[None, :])
 
 
-_CONV_BT = 64  # time rows per program
+# Rows and warps from a sweep at stage 3's shape (64 x 512, q, k and v of 9 heads of 64, one H100,
+# 2026-12-06): 32 rows on 2 warps took 101 us forward and 344 us backward, 64 rows on 4 warps 111
+# and 470 (results/speed/README.md).
+_CONV_BT = 32  # time rows per program
 _CONV_LANES = 64  # channel lanes per program: whole heads of head_dim channels, or 64 channels
-_CONV_WARPS = 4  # warps per program
+_CONV_WARPS = 2  # warps per program
 _CONV_PARTS = 3  # at most: q, k, v
 
 

@@ -12,6 +12,8 @@ training shapes.
 import inspect
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -63,14 +65,27 @@ def conv_kernel(x, w, dy):
     return y.cpu(), [g.cpu() for g in torch.autograd.grad(y, (x, w), dy.to(DEV, y.dtype))]
 
 
+@pytest.mark.parametrize("rows", [16, 64])  # and the default's (32) in the next test
 @pytest.mark.parametrize("B,T,D,S", [(2, 70, 80, 4), (1, 2, 5, 4), (1, 64, 64, 3)])
-def test_short_conv_matches_pytorch(B, T, D, S):
-    # T = 70 and D = 80 cut a time block and a channel block; T = 2 < S - 1 starts inside the padding
+def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
+    # T = 70 and D = 80 cut time blocks and a channel block; T = 2 < S - 1 starts inside the padding;
+    # at any rows a program (scripts/conv_sweep.py times them)
+    monkeypatch.setattr(triton_ops, "_CONV_BT", rows)
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(B, T, D, generator=gen), torch.randn(D, S, generator=gen)
     y_ref, dy, (dx_ref, dw_ref) = conv_reference(x, w)
     y, (dx, dw) = conv_kernel(x, w, dy)
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-6 and rel(dw, dw_ref) < 1e-6
+
+
+def test_the_conv_sweep_finds_every_launch_shape_gives_the_defaults_outputs():
+    # scripts/conv_sweep.py untimed in the interpreter, at a shape that cuts time blocks
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "scripts/conv_sweep.py", "--B=1", "--T=40", "--H=2", "--rows=16,64",
+                        "--warps=2"], cwd=root, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    lines = r.stdout.splitlines()[1:]
+    assert r.returncode == 0 and len(lines) == 3 and "(the defaults)" in lines[0], r.stdout + r.stderr
+    assert all(float(line.split("max diff ")[1].split()[0]) < 1e-6 for line in lines), r.stdout
 
 
 @pytest.mark.parametrize("H,D,l2,t0", [(3, 16, 2, 0), (2, 24, 2, 0), (2, 64, 0, 0), (1, 8, 2, 3)])
