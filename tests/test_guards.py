@@ -291,7 +291,8 @@ def test_data_reader_refuses_a_longer_mask_too(tmp_path):
     ("data/offline/prepare.py", "--val_fraction=2", "expected a fraction between 0 and 1"),
     ("data/fineweb_edu/prepare.py", "--max_tokens=-5", "expected an integer >= 0"),
     ("scripts/step_parts.py", "--T=0", "expected integers >= 1"),
-    ("scripts/conv_sweep.py", "--rows=48", "expected powers of two"),
+    ("scripts/launch_sweep.py", "--set=_CONV_WARPS=0", "expected NAME=integers >= 1"),
+    ("scripts/launch_sweep.py", "--set=_CONV_ROWS=32", "is not an integer launch constant"),
 ])
 def test_the_other_scripts_check_their_numbers(script, bad, says):
     r = subprocess.run([sys.executable, script, bad], cwd=ROOT, capture_output=True, text=True)

@@ -69,7 +69,7 @@ def conv_kernel(x, w, dy):
 @pytest.mark.parametrize("B,T,D,S", [(2, 70, 80, 4), (1, 2, 5, 4), (1, 64, 64, 3)])
 def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     # T = 70 and D = 80 cut time blocks and a channel block; T = 2 < S - 1 starts inside the padding;
-    # at any rows a program (scripts/conv_sweep.py times them)
+    # at any rows a program (scripts/launch_sweep.py times them)
     monkeypatch.setattr(triton_ops, "_CONV_BT", rows)
     gen = torch.Generator().manual_seed(0)
     x, w = torch.randn(B, T, D, generator=gen), torch.randn(D, S, generator=gen)
@@ -78,11 +78,12 @@ def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-6 and rel(dw, dw_ref) < 1e-6
 
 
-def test_the_conv_sweep_finds_every_launch_shape_gives_the_defaults_outputs():
-    # scripts/conv_sweep.py untimed in the interpreter, at a shape that cuts time blocks
+def test_the_launch_sweep_finds_the_conv_the_same_at_every_launch_shape():
+    # scripts/launch_sweep.py untimed in the interpreter, at a shape that cuts time blocks
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "scripts/conv_sweep.py", "--B=1", "--T=40", "--H=2", "--rows=16,64",
-                        "--warps=2"], cwd=root, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    r = subprocess.run([sys.executable, "scripts/launch_sweep.py", "--op=conv", "--B=1", "--T=40", "--H=2",
+                        "--set=_CONV_BT=16,64", "--set=_CONV_WARPS=2"], cwd=root, capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
     lines = r.stdout.splitlines()[1:]
     assert r.returncode == 0 and len(lines) == 3 and "(the defaults)" in lines[0], r.stdout + r.stderr
     assert all(float(line.split("max diff ")[1].split()[0]) < 1e-6 for line in lines), r.stdout

@@ -1,0 +1,152 @@
+"""
+triton_ops.py's launch constants, swept on a GPU: each combination timed and checked.
+
+Each kernel launch in triton_ops.py takes its block shape and warps from a module constant named
+after its section (_CONV_BT, _CONV_WARPS, _DELTA_WARPS, ...), read at the call. This script sets
+the constants to every combination of the values given, runs one operator at one layer's shape
+forward and forward + backward (autograd, bf16, as a training step runs it), times both, and
+checks the output and the gradients against the defaults'. One line a combination, the
+defaults' first:
+
+    python scripts/launch_sweep.py                                  # the short conv at stage 3's shape
+    python scripts/launch_sweep.py --op=gdn --set=_DELTA_WARPS=2,4,8 --set=_DELTA_WIDE_WARPS=4,8
+    python scripts/launch_sweep.py --op=kda --B=8 --T=4096 --H=16 --out=sweep.txt
+
+The operators, each as a layer of SmolLM2-135M's students calls it (H heads of D channels):
+  conv  the short conv of q, k and v cut from the projection's padded rows, q and k L2-normalized
+  gdn   chunk_delta_rule with a decay per head (Gated DeltaNet; --set _DELTA_WARPS=2,4,8 by default)
+  kda   chunk_delta_rule with a decay per key channel, bounded (KDA)
+  gla   chunk_decay_additive with a decay per key channel, bounded (GLA)
+Times are triton.testing.do_bench's medians. Needs a CUDA GPU; under TRITON_INTERPRET=1 it runs
+on the CPU untimed and in fp32, which checks the outputs only.
+"""
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import mixers  # noqa: E402
+import triton_ops  # noqa: E402
+
+SWEEPS = {  # each operator's constants swept when --set is not given
+    "conv": {"_CONV_BT": [32, 64, 128], "_CONV_WARPS": [2, 4, 8]},
+    "gdn": {"_DELTA_WARPS": [2, 4, 8]},
+    "kda": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8]},
+    "gla": {"_ADD_WARPS": [2, 4, 8], "_ADD_CHANNEL_WARPS": [2, 4, 8]},
+}
+
+
+def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0):
+    """(inputs that take gradients, fn(*inputs) -> a tensor): one layer's call of the operator."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    bf16 = lambda t: t.to(device, dtype).requires_grad_()  # noqa: E731
+    if op == "conv":
+        width = 4 * H * D + 2 * H  # q, k, v, the output gate, beta and the decay's input
+        width += -width % triton_ops.ROW_ALIGN
+        proj, w = bf16(rand(B, T, width)), (rand(3 * H * D, 4) * 0.5).to(device).requires_grad_()
+        fn = lambda proj, w: torch.cat(triton_ops.short_conv(proj[..., : 3 * H * D], w, 3, 2, D), -1)  # noqa: E731
+        return [proj, w], fn
+    q, k, v = (F.normalize(rand(B, T, H, D), dim=-1) for _ in range(3))
+    if op == "gla":
+        gk = bf16(F.logsigmoid(rand(B, T, H, D) + 3).clamp(min=mixers.GATE_MIN))
+        fn = lambda q, k, v, gk: triton_ops.chunk_decay_additive(q, k, v, gk.float(), gate_min=mixers.GATE_MIN)[0]  # noqa: E731
+        return [bf16(q), bf16(k), bf16(v), gk], fn
+    beta = bf16(torch.sigmoid(rand(B, T, H)))
+    gate = F.logsigmoid(rand(B, T, H, *((D,) if op == "kda" else ())) + 3).clamp(min=mixers.GATE_MIN)
+    bound = mixers.GATE_MIN if op == "kda" else None
+    fn = lambda q, k, v, beta, gk: triton_ops.chunk_delta_rule(q, k, v, beta, gk.float(), gate_min=bound)[0]  # noqa: E731
+    return [bf16(q), bf16(k), bf16(v), beta, bf16(gate)], fn
+
+
+def sweep(op, B, T, H, D, values, timed=True):
+    """Yields (combination {name: value}, forward ms, forward + backward ms, max difference from
+    the defaults), the defaults first; the difference is the largest over the output and each
+    input's gradient, relative to that tensor's largest entry; times None when not timed, and an
+    error's first line in place of the times when a combination does not run (or gives a value
+    that is not finite). Not timed: on the CPU in fp32 (Triton's interpreter), else bf16."""
+    device, dtype = ("cuda", torch.bfloat16) if timed else ("cpu", torch.float32)  # the interpreter's bf16 is not a GPU's
+    inputs, fn = case(op, B, T, H, D, device, dtype)
+    dy = torch.randn(fn(*inputs).shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    names = list(values)
+    default = tuple(getattr(triton_ops, n) for n in names)
+    combos = [default] + [c for c in itertools.product(*values.values()) if c != default]
+
+    def run():
+        y = fn(*inputs)
+        return [y, *torch.autograd.grad(y, inputs, dy.to(y.dtype))]
+
+    ref = None
+    try:
+        for combo in combos:
+            for n, v in zip(names, combo):
+                setattr(triton_ops, n, v)
+            try:
+                got = [t.float() for t in run()]
+                if not all(t.isfinite().all() for t in got):
+                    raise ArithmeticError("an output or a gradient is not finite")
+                ref = ref or got
+                diff = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item() for a, b in zip(got, ref))
+                times = ((triton.testing.do_bench(lambda: fn(*inputs), warmup=25, rep=200),
+                          triton.testing.do_bench(run, warmup=25, rep=200)) if timed else (None, None))
+                yield dict(zip(names, combo)), *times, diff
+            except Exception as e:  # out of resources, or a shape these kernels refuse
+                yield dict(zip(names, combo)), str(e).strip().splitlines()[0][:120], None, None
+    finally:
+        for n, v in zip(names, default):
+            setattr(triton_ops, n, v)
+
+
+def setting(text):
+    """'_CONV_WARPS=2,4' -> ('_CONV_WARPS', [2, 4]): an integer constant of triton_ops.py, values >= 1."""
+    name, _, vals = text.partition("=")
+    if not isinstance(getattr(triton_ops, name, None), int) or not name.startswith("_") or name.startswith("__"):
+        raise argparse.ArgumentTypeError(f"{name!r} is not an integer launch constant of triton_ops.py")
+    try:
+        out = [int(v) for v in vals.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=integers >= 1 separated by commas")
+    return name, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", default="conv", choices=sorted(SWEEPS))
+    for name, default in (("B", 64), ("T", 512), ("H", 9), ("D", 64)):
+        ap.add_argument(f"--{name}", type=int, default=default, help=f"default {default}: stage 3's shape")
+    ap.add_argument("--set", type=setting, action="append", default=[],
+                    help="NAME=v1,v2,...: a constant and its values (repeat for more; default: the operator's)")
+    ap.add_argument("--out", default="", help="also write the lines to this file")
+    args = ap.parse_args()
+    if min(args.B, args.T, args.H, args.D) < 1:
+        ap.error("--B, --T, --H and --D: expected integers >= 1")
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if not interpret and not torch.cuda.is_available():
+        sys.exit("launch_sweep.py: needs a CUDA GPU (or TRITON_INTERPRET=1 to check the outputs on the CPU, untimed)")
+    values = dict(args.set) or SWEEPS[args.op]
+    lines = [f"{'cpu, untimed, fp32' if interpret else torch.cuda.get_device_name() + ', bf16'}: {args.op} at B {args.B}, "
+             f"T {args.T}, H {args.H}, D {args.D}; times in ms, forward and forward + backward"]
+    print(lines[0], flush=True)
+    for i, (combo, fwd, both, diff) in enumerate(sweep(args.op, args.B, args.T, args.H, args.D, values, not interpret)):
+        what = " ".join(f"{n}={v}" for n, v in combo.items())
+        if isinstance(fwd, str):
+            lines.append(f"{what}: failed: {fwd}")
+        else:
+            times = "untimed" if fwd is None else f"{fwd:.3f} {both:.3f}"
+            lines.append(f"{what}: {times}  max diff {diff:.1e}" + ("  (the defaults)" if i == 0 else ""))
+        print(lines[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
