@@ -11,6 +11,7 @@ defaults' first:
     python scripts/launch_sweep.py                                  # the short conv at stage 3's shape
     python scripts/launch_sweep.py --op=gdn --set=_DELTA_WARPS=2,4,8 --set=_DELTA_WIDE_WARPS=4,8
     python scripts/launch_sweep.py --op=kda --B=8 --T=4096 --H=16 --out=sweep.txt
+    python scripts/launch_sweep.py --op=gdn --kernels      # and each kernel's time (torch.profiler)
 
 The operators, each as a layer of SmolLM2-135M's students calls it (H heads of D channels):
   conv  the short conv of q, k and v cut from the projection's padded rows, q and k L2-normalized
@@ -65,12 +66,27 @@ def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0):
     return [bf16(q), bf16(k), bf16(v), beta, bf16(gate)], fn
 
 
-def sweep(op, B, T, H, D, values, timed=True):
+def kernel_times(run, steps=5):
+    """{kernel name: ms of device time a call of run}, from torch.profiler's kernel events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {e.key: e.self_device_time_total / steps / 1000 for e in kernels}
+
+
+def sweep(op, B, T, H, D, values, timed=True, kernels=False):
     """Yields (combination {name: value}, forward ms, forward + backward ms, max difference from
-    the defaults), the defaults first; the difference is the largest over the output and each
-    input's gradient, relative to that tensor's largest entry; times None when not timed, and an
-    error's first line in place of the times when a combination does not run (or gives a value
-    that is not finite). Not timed: on the CPU in fp32 (Triton's interpreter), else bf16."""
+    the defaults, {kernel: ms} with kernels), the defaults first. The difference is the largest
+    over the output and each input's gradient, relative to that tensor's largest entry. Untimed:
+    times None, no kernels, on the CPU in fp32 (Triton's interpreter); timed: on the GPU in bf16.
+    A combination that does not run, or gives a value that is not finite, has its error's first
+    line in place of the times."""
     device, dtype = ("cuda", torch.bfloat16) if timed else ("cpu", torch.float32)  # the interpreter's bf16 is not a GPU's
     inputs, fn = case(op, B, T, H, D, device, dtype)
     dy = torch.randn(fn(*inputs).shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
@@ -95,9 +111,14 @@ def sweep(op, B, T, H, D, values, timed=True):
                 diff = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item() for a, b in zip(got, ref))
                 times = ((triton.testing.do_bench(lambda: fn(*inputs), warmup=25, rep=200),
                           triton.testing.do_bench(run, warmup=25, rep=200)) if timed else (None, None))
-                yield dict(zip(names, combo)), *times, diff
             except Exception as e:  # out of resources, or a shape these kernels refuse
-                yield dict(zip(names, combo)), str(e).strip().splitlines()[0][:120], None, None
+                yield dict(zip(names, combo)), str(e).strip().splitlines()[0][:120], None, None, {}
+                continue
+            try:
+                per_kernel = kernel_times(run) if kernels and timed else {}
+            except Exception as e:  # the profiler's failure costs the kernels' lines, not the times
+                per_kernel = {f"(no kernel times: {str(e).strip().splitlines()[0][:80]})": float("nan")}
+            yield dict(zip(names, combo)), *times, diff, per_kernel
     finally:
         for n, v in zip(names, default):
             setattr(triton_ops, n, v)
@@ -124,6 +145,7 @@ def main():
         ap.add_argument(f"--{name}", type=int, default=default, help=f"default {default}: stage 3's shape")
     ap.add_argument("--set", type=setting, action="append", default=[],
                     help="NAME=v1,v2,...: a constant and its values (repeat for more; default: the operator's)")
+    ap.add_argument("--kernels", action="store_true", help="also each kernel's device time in a forward + backward")
     ap.add_argument("--out", default="", help="also write the lines to this file")
     args = ap.parse_args()
     if min(args.B, args.T, args.H, args.D) < 1:
@@ -135,14 +157,16 @@ def main():
     lines = [f"{'cpu, untimed, fp32' if interpret else torch.cuda.get_device_name() + ', bf16'}: {args.op} at B {args.B}, "
              f"T {args.T}, H {args.H}, D {args.D}; times in ms, forward and forward + backward"]
     print(lines[0], flush=True)
-    for i, (combo, fwd, both, diff) in enumerate(sweep(args.op, args.B, args.T, args.H, args.D, values, not interpret)):
+    combos = sweep(args.op, args.B, args.T, args.H, args.D, values, not interpret, args.kernels)
+    for i, (combo, fwd, both, diff, per_kernel) in enumerate(combos):
         what = " ".join(f"{n}={v}" for n, v in combo.items())
         if isinstance(fwd, str):
             lines.append(f"{what}: failed: {fwd}")
         else:
             times = "untimed" if fwd is None else f"{fwd:.3f} {both:.3f}"
             lines.append(f"{what}: {times}  max diff {diff:.1e}" + ("  (the defaults)" if i == 0 else ""))
-        print(lines[-1], flush=True)
+        lines += [f"    {ms:7.3f}  {name[:80]}" for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])]
+        print("\n".join(lines[-1 - len(per_kernel):]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
