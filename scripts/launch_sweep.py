@@ -9,13 +9,13 @@ checks the output and the gradients against the defaults'. One line a combinatio
 defaults' first:
 
     python scripts/launch_sweep.py                                  # the short conv at stage 3's shape
-    python scripts/launch_sweep.py --op=gdn --set=_DELTA_WARPS=2,4,8 --set=_DELTA_WIDE_WARPS=4,8
+    python scripts/launch_sweep.py --op=gdn --set=_DELTA_WARPS=4,8  # one constant, these values
     python scripts/launch_sweep.py --op=kda --B=8 --T=4096 --H=16 --out=sweep.txt
     python scripts/launch_sweep.py --op=gdn --kernels      # and each kernel's time (torch.profiler)
 
 The operators, each as a layer of SmolLM2-135M's students calls it (H heads of D channels):
   conv  the short conv of q, k and v cut from the projection's padded rows, q and k L2-normalized
-  gdn   chunk_delta_rule with a decay per head (Gated DeltaNet; --set _DELTA_WARPS=2,4,8 by default)
+  gdn   chunk_delta_rule with a decay per head (Gated DeltaNet)
   kda   chunk_delta_rule with a decay per key channel, bounded (KDA)
   gla   chunk_decay_additive with a decay per key channel, bounded (GLA)
 Times are triton.testing.do_bench's medians. Needs a CUDA GPU; under TRITON_INTERPRET=1 it runs
@@ -37,33 +37,33 @@ import triton_ops  # noqa: E402
 
 SWEEPS = {  # each operator's constants swept when --set is not given
     "conv": {"_CONV_BT": [32, 64, 128], "_CONV_WARPS": [2, 4, 8]},
-    "gdn": {"_DELTA_WARPS": [2, 4, 8]},
+    "gdn": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8]},
     "kda": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8]},
     "gla": {"_ADD_WARPS": [2, 4, 8], "_ADD_CHANNEL_WARPS": [2, 4, 8]},
 }
 
 
 def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0):
-    """(inputs that take gradients, fn(*inputs) -> a tensor): one layer's call of the operator."""
+    """(inputs that take gradients, fn(*inputs) -> [outputs]): one layer's call of the operator,
+    its inputs as the layer passes them (q, k and v views of the projection for the conv; the
+    decays in fp32, as the layers' gate functions give them)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
-    bf16 = lambda t: t.to(device, dtype).requires_grad_()  # noqa: E731
+    leaf = lambda t, dt=dtype: t.to(device, dt).requires_grad_()  # noqa: E731
     if op == "conv":
         width = 4 * H * D + 2 * H  # q, k, v, the output gate, beta and the decay's input
         width += -width % triton_ops.ROW_ALIGN
-        proj, w = bf16(rand(B, T, width)), (rand(3 * H * D, 4) * 0.5).to(device).requires_grad_()
-        fn = lambda proj, w: torch.cat(triton_ops.short_conv(proj[..., : 3 * H * D], w, 3, 2, D), -1)  # noqa: E731
-        return [proj, w], fn
-    q, k, v = (F.normalize(rand(B, T, H, D), dim=-1) for _ in range(3))
+        proj, w = leaf(rand(B, T, width)), leaf(rand(3 * H * D, 4) * 0.5, torch.float32)
+        return [proj, w], lambda proj, w: list(triton_ops.short_conv(proj[..., : 3 * H * D], w, 3, 2, D))
+    q, k, v = (leaf(F.normalize(rand(B, T, H, D), dim=-1)) for _ in range(3))
+    decay = lambda *shape: leaf(F.logsigmoid(rand(*shape) + 3).clamp(min=mixers.GATE_MIN), torch.float32)  # noqa: E731
     if op == "gla":
-        gk = bf16(F.logsigmoid(rand(B, T, H, D) + 3).clamp(min=mixers.GATE_MIN))
-        fn = lambda q, k, v, gk: triton_ops.chunk_decay_additive(q, k, v, gk.float(), gate_min=mixers.GATE_MIN)[0]  # noqa: E731
-        return [bf16(q), bf16(k), bf16(v), gk], fn
-    beta = bf16(torch.sigmoid(rand(B, T, H)))
-    gate = F.logsigmoid(rand(B, T, H, *((D,) if op == "kda" else ())) + 3).clamp(min=mixers.GATE_MIN)
+        return [q, k, v, decay(B, T, H, D)], lambda q, k, v, gk: [
+            triton_ops.chunk_decay_additive(q, k, v, gk, gate_min=mixers.GATE_MIN)[0]]
+    beta = leaf(torch.sigmoid(rand(B, T, H)))
     bound = mixers.GATE_MIN if op == "kda" else None
-    fn = lambda q, k, v, beta, gk: triton_ops.chunk_delta_rule(q, k, v, beta, gk.float(), gate_min=bound)[0]  # noqa: E731
-    return [bf16(q), bf16(k), bf16(v), beta, bf16(gate)], fn
+    return [q, k, v, beta, decay(B, T, H, *((D,) if op == "kda" else ()))], lambda q, k, v, beta, gk: [
+        triton_ops.chunk_delta_rule(q, k, v, beta, gk, gate_min=bound)[0]]
 
 
 def kernel_times(run, steps=5):
@@ -89,14 +89,18 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False):
     line in place of the times."""
     device, dtype = ("cuda", torch.bfloat16) if timed else ("cpu", torch.float32)  # the interpreter's bf16 is not a GPU's
     inputs, fn = case(op, B, T, H, D, device, dtype)
-    dy = torch.randn(fn(*inputs).shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    gen = torch.Generator().manual_seed(1)
+    dys = [torch.randn(y.shape, generator=gen).to(device, y.dtype) for y in fn(*inputs)]
     names = list(values)
     default = tuple(getattr(triton_ops, n) for n in names)
     combos = [default] + [c for c in itertools.product(*values.values()) if c != default]
 
     def run():
-        y = fn(*inputs)
-        return [y, *torch.autograd.grad(y, inputs, dy.to(y.dtype))]
+        ys = fn(*inputs)
+        return [*ys, *torch.autograd.grad(ys, inputs, dys)]
+
+    def first_line(e):
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
     ref = None
     try:
@@ -107,17 +111,19 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False):
                 got = [t.float() for t in run()]
                 if not all(t.isfinite().all() for t in got):
                     raise ArithmeticError("an output or a gradient is not finite")
+                if ref is None and combo != default:
+                    raise RuntimeError("the defaults did not run, so there is nothing to check against")
                 ref = ref or got
                 diff = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item() for a, b in zip(got, ref))
-                times = ((triton.testing.do_bench(lambda: fn(*inputs), warmup=25, rep=200),
-                          triton.testing.do_bench(run, warmup=25, rep=200)) if timed else (None, None))
+                bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")  # noqa: E731
+                times = (bench(lambda: fn(*inputs)), bench(run)) if timed else (None, None)
             except Exception as e:  # out of resources, or a shape these kernels refuse
-                yield dict(zip(names, combo)), str(e).strip().splitlines()[0][:120], None, None, {}
+                yield dict(zip(names, combo)), first_line(e)[:120], None, None, {}
                 continue
             try:
                 per_kernel = kernel_times(run) if kernels and timed else {}
             except Exception as e:  # the profiler's failure costs the kernels' lines, not the times
-                per_kernel = {f"(no kernel times: {str(e).strip().splitlines()[0][:80]})": float("nan")}
+                per_kernel = {f"(no kernel times: {first_line(e)[:80]})": float("nan")}
             yield dict(zip(names, combo)), *times, diff, per_kernel
     finally:
         for n, v in zip(names, default):

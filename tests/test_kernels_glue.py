@@ -65,7 +65,7 @@ def conv_kernel(x, w, dy):
     return y.cpu(), [g.cpu() for g in torch.autograd.grad(y, (x, w), dy.to(DEV, y.dtype))]
 
 
-@pytest.mark.parametrize("rows", [16, 64])  # and the default's (32) in the next test
+@pytest.mark.parametrize("rows", sorted({16, triton_ops._CONV_BT, 64}))
 @pytest.mark.parametrize("B,T,D,S", [(2, 70, 80, 4), (1, 2, 5, 4), (1, 64, 64, 3)])
 def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     # T = 70 and D = 80 cut time blocks and a channel block; T = 2 < S - 1 starts inside the padding;
@@ -79,14 +79,17 @@ def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
 
 
 def test_the_launch_sweep_finds_the_conv_the_same_at_every_launch_shape():
-    # scripts/launch_sweep.py untimed in the interpreter, at a shape that cuts time blocks
+    # scripts/launch_sweep.py untimed in the interpreter, at a shape that cuts time blocks; 48 rows
+    # (not a power of two) must fail, or the constant never reached the kernels
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "scripts/launch_sweep.py", "--op=conv", "--B=1", "--T=40", "--H=2",
-                        "--set=_CONV_BT=16,64", "--set=_CONV_WARPS=2"], cwd=root, capture_output=True, text=True,
+                        "--set=_CONV_BT=16,48,64", "--set=_CONV_WARPS=2"], cwd=root, capture_output=True, text=True,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     lines = r.stdout.splitlines()[1:]
-    assert r.returncode == 0 and len(lines) == 3 and "(the defaults)" in lines[0], r.stdout + r.stderr
-    assert all(float(line.split("max diff ")[1].split()[0]) < 1e-6 for line in lines), r.stdout
+    assert r.returncode == 0 and len(lines) == 4 and "(the defaults)" in lines[0], r.stdout + r.stderr
+    ran = [line for line in lines if "_CONV_BT=48" not in line]
+    assert [line for line in lines if "_CONV_BT=48" in line][0].startswith("_CONV_BT=48 _CONV_WARPS=2: failed:"), r.stdout
+    assert len(ran) == 3 and all(float(line.split("max diff ")[1].split()[0]) < 1e-6 for line in ran), r.stdout
 
 
 @pytest.mark.parametrize("H,D,l2,t0", [(3, 16, 2, 0), (2, 24, 2, 0), (2, 64, 0, 0), (1, 8, 2, 3)])
