@@ -155,10 +155,25 @@ def check(name, shape=(2, 1000, 4, 64)):
     return [relerr(a, b) for a, b in zip(*results)]
 
 
-def profile_kernels(name, shape, emit, steps=5):
-    """Device time of each kernel in one forward+backward of our kernels, most expensive first."""
+def kernel_times(run, steps=5):
+    """{kernel name: (ms of device time a call of run, launches a call)} from torch.profiler, after
+    3 calls to compile and warm up. Kernel events only: the ops that launch them carry the same
+    time again."""
     from torch.profiler import ProfilerActivity, profile
 
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    return {e.key: (e.self_device_time_total / steps / 1000, e.count // steps) for e in prof.key_averages()
+            if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def profile_kernels(name, shape, emit, steps=5):
+    """Device time of each kernel in one forward+backward of our kernels, most expensive first."""
     args = make_inputs(name, *shape)
     fwd_bwd_, leaves = fwd_bwd(lambda x: call(ours(name), x), args, torch.randn_like(args[2]), n_fixed(name))
 
@@ -167,20 +182,11 @@ def profile_kernels(name, shape, emit, steps=5):
             x.grad = None
         fwd_bwd_()
 
-    for _ in range(3):  # compile and warm up outside the profile
-        run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    # kernel events only: the ops that launch them carry the same time again
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(e.self_device_time_total for e in kernels) / steps / 1000
+    times = kernel_times(run, steps)
+    total = sum(ms for ms, _ in times.values())
     emit(f"\n{name} at {shape}: {total:.3f} ms of kernels per forward+backward")
-    for e in sorted(kernels, key=lambda e: -e.self_device_time_total):
-        ms = e.self_device_time_total / steps / 1000
-        emit(f"  {ms:7.3f} ms  {100 * ms / total:4.1f}%  x{e.count // steps}  {e.key[:70]}")
+    for key, (ms, n) in sorted(times.items(), key=lambda kv: -kv[1][0]):
+        emit(f"  {ms:7.3f} ms  {100 * ms / total:4.1f}%  x{n}  {key[:70]}")
 
 
 def sdpa(q, k, v):

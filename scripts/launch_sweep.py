@@ -34,6 +34,7 @@ import triton.testing
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mixers  # noqa: E402
 import triton_ops  # noqa: E402
+from bench import kernel_times  # noqa: E402
 
 SWEEPS = {  # each operator's constants swept when --set is not given
     "conv": {"_CONV_BT": [32, 64, 128], "_CONV_WARPS": [2, 4, 8]},
@@ -64,20 +65,6 @@ def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0):
     bound = mixers.GATE_MIN if op == "kda" else None
     return [q, k, v, beta, decay(B, T, H, *((D,) if op == "kda" else ()))], lambda q, k, v, beta, gk: [
         triton_ops.chunk_delta_rule(q, k, v, beta, gk, gate_min=bound)[0]]
-
-
-def kernel_times(run, steps=5):
-    """{kernel name: ms of device time a call of run}, from torch.profiler's kernel events."""
-    from torch.profiler import ProfilerActivity, profile
-
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            run()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {e.key: e.self_device_time_total / steps / 1000 for e in kernels}
 
 
 def sweep(op, B, T, H, D, values, timed=True, kernels=False):
@@ -121,7 +108,7 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False):
                 yield dict(zip(names, combo)), first_line(e)[:120], None, None, {}
                 continue
             try:
-                per_kernel = kernel_times(run) if kernels and timed else {}
+                per_kernel = {k: ms for k, (ms, _) in kernel_times(run).items()} if kernels and timed else {}
             except Exception as e:  # the profiler's failure costs the kernels' lines, not the times
                 per_kernel = {f"(no kernel times: {first_line(e)[:80]})": float("nan")}
             yield dict(zip(names, combo)), *times, diff, per_kernel
