@@ -86,6 +86,9 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False):
         ys = fn(*inputs)
         return [*ys, *torch.autograd.grad(ys, inputs, dys)]
 
+    def bench(f):
+        return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
+
     def first_line(e):
         return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
@@ -102,7 +105,6 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False):
                     raise RuntimeError("the defaults did not run, so there is nothing to check against")
                 ref = ref or got
                 diff = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item() for a, b in zip(got, ref))
-                bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")  # noqa: E731
                 times = (bench(lambda: fn(*inputs)), bench(run)) if timed else (None, None)
             except Exception as e:  # out of resources, or a shape these kernels refuse
                 yield dict(zip(names, combo)), first_line(e)[:120], None, None, {}
