@@ -12,12 +12,18 @@ defaults' first:
     python scripts/launch_sweep.py --op=gdn --set=_DELTA_WARPS=4,8  # one constant, these values
     python scripts/launch_sweep.py --op=kda --B=8 --T=4096 --H=16 --out=sweep.txt
     python scripts/launch_sweep.py --op=gdn --kernels      # and each kernel's time (torch.profiler)
+    python scripts/launch_sweep.py --op=loss --V=49152     # stage 3's fused loss, 4,096 rows of logits
 
 The operators, each as a layer of SmolLM2-135M's students calls it (H heads of D channels):
   conv  the short conv of q, k and v cut from the projection's padded rows, q and k L2-normalized
   gdn   chunk_delta_rule with a decay per head (Gated DeltaNet)
   kda   chunk_delta_rule with a decay per key channel, bounded (KDA)
   gla   chunk_decay_additive with a decay per key channel, bounded (GLA)
+  head  chunk_decay_additive with a decay per head and token (mLSTM; RetNet's and linear
+        attention's launch the same kernels)
+  norm  rms_norm_gate: the output norm times the SiLU gate (RetNet, GLA, DeltaNet's ...)
+  loss  distill_loss: stage 3's CE + KL and its gradient on min(B * T, 4096) rows of V logits (the
+        rows head_loss passes at a time)
 Times are triton.testing.do_bench's medians. Needs a CUDA GPU; under TRITON_INTERPRET=1 it runs
 on the CPU untimed and in fp32, which checks the outputs only.
 """
@@ -38,19 +44,30 @@ from bench import kernel_times  # noqa: E402
 
 SWEEPS = {  # each operator's constants swept when --set is not given
     "conv": {"_CONV_BT": [32, 64, 128], "_CONV_WARPS": [2, 4, 8]},
-    "gdn": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8]},
-    "kda": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8]},
-    "gla": {"_ADD_WARPS": [2, 4, 8], "_ADD_CHANNEL_WARPS": [2, 4, 8]},
+    "gdn": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8], "_DELTA_BV": [32, 64]},
+    "kda": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8], "_DELTA_BV": [32, 64]},
+    "gla": {"_ADD_WARPS": [2, 4], "_ADD_CHANNEL_WARPS": [1, 2, 4], "_ADD_STATE_BV": [32, 64]},
+    "head": {"_ADD_WARPS": [2, 4, 8], "_ADD_STATE_BV": [32, 64]},
+    "norm": {"_NORM_BLOCK": [1024, 2048, 4096, 8192], "_NORM_WARPS": [1, 2, 4, 8]},
+    "loss": {"_LOSS_BV": [1024, 2048, 4096, 8192], "_LOSS_WARPS": [4, 8, 16]},
 }
 
 
-def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0):
+def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0, V=49152):
     """(inputs that take gradients, fn(*inputs) -> [outputs]): one layer's call of the operator,
     its inputs as the layer passes them (q, k and v views of the projection for the conv; the
     decays in fp32, as the layers' gate functions give them)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     leaf = lambda t, dt=dtype: t.to(device, dt).requires_grad_()  # noqa: E731
+    if op == "loss":  # student and teacher logits of one slice of rows, the targets
+        N = min(B * T, triton_ops.HEAD_ROWS)
+        z, t = leaf(rand(N, V) * 4), (rand(N, V) * 4).to(device, dtype)
+        y = torch.randint(V, (N,), generator=g).to(device)
+        return [z], lambda z: [triton_ops.distill_loss(z, t, y)[0]]
+    if op == "norm":  # o [B, T, H, D] from the recurrence, the norm's weight [D], the gate z
+        o, z, w = leaf(rand(B, T, H, D)), leaf(rand(B, T, H, D)), leaf(1 + 0.1 * rand(D), torch.float32)
+        return [o, w, z], lambda o, w, z: [triton_ops.rms_norm_gate(o, w, z, "silu")]
     if op == "conv":
         width = 4 * H * D + 2 * H  # q, k, v, the output gate, beta and the decay's input
         width += -width % triton_ops.ROW_ALIGN
@@ -58,16 +75,16 @@ def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0):
         return [proj, w], lambda proj, w: list(triton_ops.short_conv(proj[..., : 3 * H * D], w, 3, 2, D))
     q, k, v = (leaf(F.normalize(rand(B, T, H, D), dim=-1)) for _ in range(3))
     decay = lambda *shape: leaf(F.logsigmoid(rand(*shape) + 3).clamp(min=mixers.GATE_MIN), torch.float32)  # noqa: E731
-    if op == "gla":
-        return [q, k, v, decay(B, T, H, D)], lambda q, k, v, gk: [
-            triton_ops.chunk_decay_additive(q, k, v, gk, gate_min=mixers.GATE_MIN)[0]]
+    if op in ("gla", "head"):
+        return [q, k, v, decay(B, T, H, *((D,) if op == "gla" else ()))], lambda q, k, v, gk: [
+            triton_ops.chunk_decay_additive(q, k, v, gk, gate_min=mixers.GATE_MIN if op == "gla" else None)[0]]
     beta = leaf(torch.sigmoid(rand(B, T, H)))
     bound = mixers.GATE_MIN if op == "kda" else None
     return [q, k, v, beta, decay(B, T, H, *((D,) if op == "kda" else ()))], lambda q, k, v, beta, gk: [
         triton_ops.chunk_delta_rule(q, k, v, beta, gk, gate_min=bound)[0]]
 
 
-def sweep(op, B, T, H, D, values, timed=True, kernels=False):
+def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
     """Yields (combination {name: value}, forward ms, forward + backward ms, max difference from
     the defaults, {kernel: ms} with kernels), the defaults first. The difference is the largest
     over the output and each input's gradient, relative to that tensor's largest entry. Untimed:
@@ -75,7 +92,7 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False):
     A combination that does not run, or gives a value that is not finite, has its error's first
     line in place of the times."""
     device, dtype = ("cuda", torch.bfloat16) if timed else ("cpu", torch.float32)  # the interpreter's bf16 is not a GPU's
-    inputs, fn = case(op, B, T, H, D, device, dtype)
+    inputs, fn = case(op, B, T, H, D, device, dtype, V=V)
     gen = torch.Generator().manual_seed(1)
     dys = [torch.randn(y.shape, generator=gen).to(device, y.dtype) for y in fn(*inputs)]
     names = list(values)
@@ -138,21 +155,23 @@ def main():
     ap.add_argument("--op", default="conv", choices=sorted(SWEEPS))
     for name, default in (("B", 64), ("T", 512), ("H", 9), ("D", 64)):
         ap.add_argument(f"--{name}", type=int, default=default, help=f"default {default}: stage 3's shape")
+    ap.add_argument("--V", type=int, default=49152, help="--op=loss: the vocabulary (default SmolLM2's 49,152)")
     ap.add_argument("--set", type=setting, action="append", default=[],
                     help="NAME=v1,v2,...: a constant and its values (repeat for more; default: the operator's)")
     ap.add_argument("--kernels", action="store_true", help="also each kernel's device time in a forward + backward")
     ap.add_argument("--out", default="", help="also write the lines to this file")
     args = ap.parse_args()
-    if min(args.B, args.T, args.H, args.D) < 1:
-        ap.error("--B, --T, --H and --D: expected integers >= 1")
+    if min(args.B, args.T, args.H, args.D, args.V) < 1:
+        ap.error("--B, --T, --H, --D and --V: expected integers >= 1")
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if not interpret and not torch.cuda.is_available():
         sys.exit("launch_sweep.py: needs a CUDA GPU (or TRITON_INTERPRET=1 to check the outputs on the CPU, untimed)")
     values = dict(args.set) or SWEEPS[args.op]
     lines = [f"{'cpu, untimed, fp32' if interpret else torch.cuda.get_device_name() + ', bf16'}: {args.op} at B {args.B}, "
-             f"T {args.T}, H {args.H}, D {args.D}; times in ms, forward and forward + backward"]
+             f"T {args.T}, H {args.H}, D {args.D}{f', V {args.V}' if args.op == 'loss' else ''}; times in ms, "
+             "forward and forward + backward"]
     print(lines[0], flush=True)
-    combos = sweep(args.op, args.B, args.T, args.H, args.D, values, not interpret, args.kernels)
+    combos = sweep(args.op, args.B, args.T, args.H, args.D, values, not interpret, args.kernels, args.V)
     for i, (combo, fwd, both, diff, per_kernel) in enumerate(combos):
         what = " ".join(f"{n}={v}" for n, v in combo.items())
         if isinstance(fwd, str):

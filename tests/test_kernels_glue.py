@@ -78,17 +78,27 @@ def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     assert rel(y, y_ref) < 1e-6 and rel(dx, dx_ref) < 1e-6 and rel(dw, dw_ref) < 1e-6
 
 
-def test_the_launch_sweep_finds_the_conv_the_same_at_every_launch_shape():
-    # scripts/launch_sweep.py untimed in the interpreter, at a shape that cuts time blocks; 48 rows
-    # (not a power of two) must fail, or the constant never reached the kernels
+@pytest.mark.parametrize("op,shape,block,warps", [
+    ("conv", ["--T=40", "--H=2"], "_CONV_BT=16,48,64", "_CONV_WARPS=2"),
+    ("head", ["--T=40", "--H=2"], "_ADD_STATE_BV=16,48,32", "_ADD_WARPS=2"),
+    ("norm", ["--T=40", "--H=2", "--D=16"], "_NORM_BLOCK=256,1000,1024", "_NORM_WARPS=2"),
+    ("loss", ["--T=40", "--V=3000"], "_LOSS_BV=1024,1000,2048", "_LOSS_WARPS=4"),
+])
+def test_the_launch_sweep_finds_each_operator_the_same_at_every_launch_shape(op, shape, block, warps):
+    # scripts/launch_sweep.py untimed in the interpreter, at shapes where each block differs from
+    # the default's (time blocks cut, value blocks narrower, rows grouped otherwise, vocabulary in
+    # more steps); the middle value (not a power of two) must fail, or the constant never
+    # reached the kernels
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "scripts/launch_sweep.py", "--op=conv", "--B=1", "--T=40", "--H=2",
-                        "--set=_CONV_BT=16,48,64", "--set=_CONV_WARPS=2"], cwd=root, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "scripts/launch_sweep.py", f"--op={op}", "--B=1", *shape, f"--set={block}",
+                        f"--set={warps}"], cwd=root, capture_output=True, text=True,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     lines = r.stdout.splitlines()[1:]
     assert r.returncode == 0 and len(lines) == 4 and "(the defaults)" in lines[0], r.stdout + r.stderr
-    ran = [line for line in lines if "_CONV_BT=48" not in line]
-    assert [line for line in lines if "_CONV_BT=48" in line][0].startswith("_CONV_BT=48 _CONV_WARPS=2: failed:"), r.stdout
+    name, values = block.split("=")
+    bad = f"{name}={values.split(',')[1]} "
+    assert [line for line in lines if line.startswith(bad)][0].startswith(f"{bad}{warps}: failed:"), r.stdout
+    ran = [line for line in lines if not line.startswith(bad)]
     assert len(ran) == 3 and all(float(line.split("max diff ")[1].split()[0]) < 1e-6 for line in ran), r.stdout
 
 
