@@ -755,7 +755,7 @@ def _add_channel_dg_kernel(dg, hs, dhs, T, NT, H: tl.constexpr, K: tl.constexpr,
 # blocks of 32; 2 or 8 warps in the sub-chunk kernels) were not faster beyond run-to-run spread.
 # At stage 3's (64, 512, 9, 64) on an H100 (scripts/launch_sweep.py --op=gla --kernels), 2 warps
 # in the sub-chunk kernels took their three kernels from 975 to 734 us a layer, outputs identical,
-# and GLA's stage-3 step from 181 to 174 ms; 8 took them to 1.86 ms (results/speed/README.md).
+# and GLA's stage-3 step from 181 to 174 ms; 8 took them to 1,865 us (results/speed/README.md).
 _ADD_BK, _ADD_BV = 64, 64
 _ADD_WARPS = 4  # warps per program of the full-chunk kernels
 _ADD_CHANNEL_WARPS = 2  # warps per program of the sub-chunk kernels (per-channel gates)

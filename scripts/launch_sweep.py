@@ -19,13 +19,17 @@ The operators, each as a layer of SmolLM2-135M's students calls it (H heads of D
   gdn   chunk_delta_rule with a decay per head (Gated DeltaNet)
   kda   chunk_delta_rule with a decay per key channel, bounded (KDA)
   gla   chunk_decay_additive with a decay per key channel, bounded (GLA)
-  head  chunk_decay_additive with a decay per head and token (mLSTM; RetNet's and linear
-        attention's launch the same kernels)
-  norm  rms_norm_gate: the output norm times the SiLU gate (RetNet, GLA, DeltaNet's ...)
-  loss  distill_loss: stage 3's CE + KL and its gradient on min(B * T, 4096) rows of V logits (the
-        rows head_loss passes at a time)
+  head  chunk_decay_additive with a decay per head and token, values D + 1 wide (mLSTM, whose
+        last value channel is the normalizer; RetNet's constant decay and linear attention's
+        none run the same kernel functions with another gate)
+  norm  rms_norm_gate: the output norm times the SiLU gate, the gate a view of the projection
+        (RetNet, GLA, Gated DeltaNet)
+  loss  distill_loss_grad: stage 3's CE + KL with its gradient, computed in one pass outside
+        autograd as head_loss calls it, on min(B * T, 4096) rows of V logits (the rows head_loss
+        passes at a time); its two times are the same call
 Times are triton.testing.do_bench's medians. Needs a CUDA GPU; under TRITON_INTERPRET=1 it runs
-on the CPU untimed and in fp32, which checks the outputs only.
+on the CPU untimed and in fp32, which checks the outputs only: the interpreter ignores warps, so
+there a warps constant cannot fail, and a block constant can.
 """
 
 import argparse
@@ -54,27 +58,32 @@ SWEEPS = {  # each operator's constants swept when --set is not given
 
 
 def case(op, B, T, H, D, device, dtype=torch.bfloat16, seed=0, V=49152):
-    """(inputs that take gradients, fn(*inputs) -> [outputs]): one layer's call of the operator,
-    its inputs as the layer passes them (q, k and v views of the projection for the conv; the
-    decays in fp32, as the layers' gate functions give them)."""
+    """(inputs, fn(*inputs) -> [outputs]): one layer's call of the operator, its inputs as the
+    layer passes them (q, k and v views of the projection for the conv, the gate one for the
+    norm; the decays in fp32, as the layers' gate functions give them). The inputs take gradients,
+    but the loss's: its gradient is one of its outputs."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     rand = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     leaf = lambda t, dt=dtype: t.to(device, dt).requires_grad_()  # noqa: E731
+    width = 4 * H * D + 2 * H  # the projection's rows: q, k, v, the output gate, beta and the decay's input
+    width += -width % triton_ops.ROW_ALIGN
     if op == "loss":  # student and teacher logits of one slice of rows, the targets
         N = min(B * T, triton_ops.HEAD_ROWS)
-        z, t = leaf(rand(N, V) * 4), (rand(N, V) * 4).to(device, dtype)
+        z, t = ((rand(N, V) * 4).to(device, dtype) for _ in range(2))
         y = torch.randint(V, (N,), generator=g).to(device)
-        return [z], lambda z: [triton_ops.distill_loss(z, t, y)[0]]
-    if op == "norm":  # o [B, T, H, D] from the recurrence, the norm's weight [D], the gate z
-        o, z, w = leaf(rand(B, T, H, D)), leaf(rand(B, T, H, D)), leaf(1 + 0.1 * rand(D), torch.float32)
-        return [o, w, z], lambda o, w, z: [triton_ops.rms_norm_gate(o, w, z, "silu")]
+        inv_n = torch.tensor(1.0 / (B * T), device=device)  # a slice of the batch's B * T rows
+        return [z], lambda z: list(triton_ops.distill_loss_grad(z, t, y, inv_n=inv_n))
+    if op == "norm":  # o [B, T, H, D] from the recurrence, the norm's weight [D], the gate from the projection
+        o, proj, w = leaf(rand(B, T, H, D)), leaf(rand(B, T, width)), leaf(1 + 0.1 * rand(D), torch.float32)
+        return [o, w, proj], lambda o, w, proj: [
+            triton_ops.rms_norm_gate(o, w, proj[..., 3 * H * D: 4 * H * D].unflatten(-1, (H, D)), "silu")]
     if op == "conv":
-        width = 4 * H * D + 2 * H  # q, k, v, the output gate, beta and the decay's input
-        width += -width % triton_ops.ROW_ALIGN
         proj, w = leaf(rand(B, T, width)), leaf(rand(3 * H * D, 4) * 0.5, torch.float32)
         return [proj, w], lambda proj, w: list(triton_ops.short_conv(proj[..., : 3 * H * D], w, 3, 2, D))
     q, k, v = (leaf(F.normalize(rand(B, T, H, D), dim=-1)) for _ in range(3))
     decay = lambda *shape: leaf(F.logsigmoid(rand(*shape) + 3).clamp(min=mixers.GATE_MIN), torch.float32)  # noqa: E731
+    if op == "head":  # mLSTM's values: v and a column of ones, the normalizer's
+        v = leaf(torch.cat([F.normalize(rand(B, T, H, D), dim=-1), torch.ones(B, T, H, 1)], -1))
     if op in ("gla", "head"):
         return [q, k, v, decay(B, T, H, *((D,) if op == "gla" else ()))], lambda q, k, v, gk: [
             triton_ops.chunk_decay_additive(q, k, v, gk, gate_min=mixers.GATE_MIN if op == "gla" else None)[0]]
@@ -101,7 +110,7 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
 
     def run():
         ys = fn(*inputs)
-        return [*ys, *torch.autograd.grad(ys, inputs, dys)]
+        return [*ys, *torch.autograd.grad(ys, inputs, dys)] if inputs[0].requires_grad else ys
 
     def bench(f):
         return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")

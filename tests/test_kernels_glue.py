@@ -83,12 +83,13 @@ def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     ("head", ["--T=40", "--H=2"], "_ADD_STATE_BV=16,48,32", "_ADD_WARPS=2"),
     ("norm", ["--T=40", "--H=2", "--D=16"], "_NORM_BLOCK=256,1000,1024", "_NORM_WARPS=2"),
     ("loss", ["--T=40", "--V=3000"], "_LOSS_BV=1024,1000,2048", "_LOSS_WARPS=4"),
+    ("gdn", ["--T=40", "--H=1"], "_DELTA_BV=32,48,16", "_DELTA_WARPS=2"),
 ])
 def test_the_launch_sweep_finds_each_operator_the_same_at_every_launch_shape(op, shape, block, warps):
     # scripts/launch_sweep.py untimed in the interpreter, at shapes where each block differs from
     # the default's (time blocks cut, value blocks narrower, rows grouped otherwise, vocabulary in
-    # more steps); the middle value (not a power of two) must fail, or the constant never
-    # reached the kernels
+    # more steps); the middle value (not a power of two) must fail, or the block constant never
+    # reached the kernels (the interpreter ignores warps: their constants run unchecked here)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "scripts/launch_sweep.py", f"--op={op}", "--B=1", *shape, f"--set={block}",
                         f"--set={warps}"], cwd=root, capture_output=True, text=True,
