@@ -107,10 +107,11 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
     names = list(values)
     default = tuple(getattr(triton_ops, n) for n in names)
     combos = [default] + [c for c in itertools.product(*values.values()) if c != default]
+    grads = inputs[0].requires_grad  # the loss's gradient is an output: no backward to time
 
     def run():
         ys = fn(*inputs)
-        return [*ys, *torch.autograd.grad(ys, inputs, dys)] if inputs[0].requires_grad else ys
+        return [*ys, *torch.autograd.grad(ys, inputs, dys)] if grads else ys
 
     def bench(f):
         return triton.testing.do_bench(f, warmup=25, rep=200, return_mode="median")
@@ -131,7 +132,8 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
                     raise RuntimeError("the defaults did not run, so there is nothing to check against")
                 ref = ref or got
                 diff = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item() for a, b in zip(got, ref))
-                times = (bench(lambda: fn(*inputs)), bench(run)) if timed else (None, None)
+                fwd = bench(lambda: fn(*inputs)) if timed else None
+                times = (fwd, bench(run) if timed and grads else fwd)
             except Exception as e:  # out of resources, or a shape these kernels refuse
                 yield dict(zip(names, combo)), first_line(e)[:120], None, None, {}
                 continue
