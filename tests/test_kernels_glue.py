@@ -85,6 +85,9 @@ def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     ("loss", ["--T=40", "--V=3000"], "_LOSS_BV=1024,1000,2048", "_LOSS_WARPS=4"),
     ("gdn", ["--T=40", "--H=1"], "_DELTA_BV=32,48,16", "_DELTA_WARPS=2"),
 ])
+@pytest.mark.skipif(CUDA, reason="interpreter only: the suite compiles the kernels on a GPU, where the sweep itself "
+                    "checks every combination against the defaults (and Triton 3.6's interpreter cannot run these "
+                    "kernels' loops over a launch argument with NumPy 2.4)")
 def test_the_launch_sweep_finds_each_operator_the_same_at_every_launch_shape(op, shape, block, warps):
     # scripts/launch_sweep.py untimed in the interpreter, at shapes where each block differs from
     # the default's (time blocks cut, value blocks narrower, rows grouped otherwise, vocabulary in
