@@ -2406,8 +2406,10 @@ def _distill_loss_kernel(z, t, y, inv_n, grad, ce, kl, V, ce_weight, kl_weight, 
     tl.store(kl + row, tl.where(keep, tl.sum(b_kl, axis=0) * temperature * temperature, 0.0))
 
 
-_LOSS_BV = 4096  # vocabulary block: a row of V logits in cdiv(V, 4096) steps per pass
-_LOSS_WARPS = 8  # warps per program (one row)
+# Block and warps from a sweep at stage 3's call (4,096 rows of 49,152 logits, one H100,
+# 2026-12-06): 2,048 on 4 warps took the kernel 834 us, 4,096 on 8 warps 955 (results/speed/README.md).
+_LOSS_BV = 2048  # vocabulary block: a row of V logits in cdiv(V, _LOSS_BV) steps per pass
+_LOSS_WARPS = 4  # warps per program (one row)
 
 
 @_op("distill_loss")

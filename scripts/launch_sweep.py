@@ -99,11 +99,11 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
     over the output and each input's gradient, relative to that tensor's largest entry. Untimed:
     times None, no kernels, on the CPU in fp32 (Triton's interpreter); timed: on the GPU in bf16.
     A combination that does not run, or gives a value that is not finite, has its error's first
-    line in place of the times."""
+    line in place of the times; after one that leaves the GPU unusable, the rest are not run."""
     device, dtype = ("cuda", torch.bfloat16) if timed else ("cpu", torch.float32)  # the interpreter's bf16 is not a GPU's
     inputs, fn = case(op, B, T, H, D, device, dtype, V=V)
     gen = torch.Generator().manual_seed(1)
-    dys = [torch.randn(y.shape, generator=gen).to(device, y.dtype) for y in fn(*inputs)]
+    dys = [torch.randn(y.shape, generator=gen).to(y.device, y.dtype) for y in fn(*inputs)]
     names = list(values)
     default = tuple(getattr(triton_ops, n) for n in names)
     combos = [default] + [c for c in itertools.product(*values.values()) if c != default]
@@ -136,6 +136,11 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
                 times = (fwd, bench(run) if timed and grads else fwd)
             except Exception as e:  # out of resources, or a shape these kernels refuse
                 yield dict(zip(names, combo)), first_line(e)[:120], None, None, {}
+                if timed and not device_usable():  # a kernel faulted: every later call would fail too
+                    at = " ".join(f"{n}={v}" for n, v in zip(names, combo))
+                    for rest in combos[combos.index(combo) + 1:]:
+                        yield dict(zip(names, rest)), f"not run: the GPU's context was lost at {at}", None, None, {}
+                    return
                 continue
             try:
                 per_kernel = {k: ms for k, (ms, _) in kernel_times(run).items()} if kernels and timed else {}
@@ -145,6 +150,16 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
     finally:
         for n, v in zip(names, default):
             setattr(triton_ops, n, v)
+
+
+def device_usable():
+    """False once a kernel has faulted (an illegal address, say): CUDA's context then fails every
+    later call, so the combinations after it would report that fault, not their own."""
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").sum().item() == 1
+    except Exception:
+        return False
 
 
 def setting(text):
@@ -186,7 +201,7 @@ def main():
     for i, (combo, fwd, both, diff, per_kernel) in enumerate(combos):
         what = " ".join(f"{n}={v}" for n, v in combo.items())
         if isinstance(fwd, str):
-            lines.append(f"{what}: failed: {fwd}")
+            lines.append(f"{what}: {fwd}" if fwd.startswith("not run") else f"{what}: failed: {fwd}")
         else:
             times = "untimed" if fwd is None else f"{fwd:.3f} {both:.3f}"
             lines.append(f"{what}: {times}  max diff {diff:.1e}" + ("  (the defaults)" if i == 0 else ""))

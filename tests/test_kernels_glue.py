@@ -10,6 +10,7 @@ training shapes.
 """
 
 import inspect
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cuda" if CUDA else "cpu"  # the small fp32 tests run compiled there, in the interpreter here
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
@@ -82,7 +84,7 @@ def test_short_conv_matches_pytorch(B, T, D, S, rows, monkeypatch):
     ("conv", ["--T=40", "--H=2"], "_CONV_BT=16,48,64", "_CONV_WARPS=2"),
     ("head", ["--T=40", "--H=2"], "_ADD_STATE_BV=16,48,32", "_ADD_WARPS=2"),
     ("norm", ["--T=40", "--H=2", "--D=16"], "_NORM_BLOCK=256,1000,1024", "_NORM_WARPS=2"),
-    ("loss", ["--T=40", "--V=3000"], "_LOSS_BV=1024,1000,2048", "_LOSS_WARPS=4"),
+    ("loss", ["--T=40", "--V=3000"], "_LOSS_BV=1024,1000,4096", "_LOSS_WARPS=8"),
     ("gdn", ["--T=40", "--H=1"], "_DELTA_BV=32,48,16", "_DELTA_WARPS=2"),
 ])
 @pytest.mark.skipif(CUDA, reason="interpreter only: the suite compiles the kernels on a GPU, where the sweep itself "
@@ -93,9 +95,8 @@ def test_the_launch_sweep_finds_each_operator_the_same_at_every_launch_shape(op,
     # the default's (time blocks cut, value blocks narrower, rows grouped otherwise, vocabulary in
     # more steps); the middle value (not a power of two) must fail, or the block constant never
     # reached the kernels (the interpreter ignores warps: their constants run unchecked here)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "scripts/launch_sweep.py", f"--op={op}", "--B=1", *shape, f"--set={block}",
-                        f"--set={warps}"], cwd=root, capture_output=True, text=True,
+                        f"--set={warps}"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "TRITON_INTERPRET": "1"})
     lines = r.stdout.splitlines()[1:]
     assert r.returncode == 0 and len(lines) == 4 and "(the defaults)" in lines[0], r.stdout + r.stderr
@@ -104,6 +105,31 @@ def test_the_launch_sweep_finds_each_operator_the_same_at_every_launch_shape(op,
     assert [line for line in lines if line.startswith(bad)][0].startswith(f"{bad}{warps}: failed:"), r.stdout
     ran = [line for line in lines if not line.startswith(bad)]
     assert len(ran) == 3 and all(float(line.split("max diff ")[1].split()[0]) < 1e-6 for line in ran), r.stdout
+
+
+def test_the_launch_sweep_stops_after_a_combination_loses_the_gpu(monkeypatch):
+    # a kernel that faults (an illegal address) leaves CUDA's context failing every later call:
+    # the sweep reports the combinations after it as not run, not as failures of their own, goes
+    # on past a failure that leaves the device usable, and puts the constants back
+    spec = importlib.util.spec_from_file_location("launch_sweep", os.path.join(ROOT, "scripts", "launch_sweep.py"))
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def fn(x):
+        if triton_ops._CONV_BT in (64, 128):
+            raise RuntimeError("an illegal memory access was encountered")
+        return [x * 2]
+
+    default = triton_ops._CONV_BT
+    values = [default] + [v for v in (128, 64, 16) if v != default] + [8]
+    monkeypatch.setattr(sweep, "case", lambda *a, **k: ([x], fn))
+    monkeypatch.setattr(sweep, "device_usable", lambda: triton_ops._CONV_BT != 64)
+    monkeypatch.setattr(sweep.triton.testing, "do_bench", lambda f, **k: (f(), 1.0)[1])
+    got = {c["_CONV_BT"]: fwd for c, fwd, *_ in sweep.sweep("conv", 1, 4, 1, 8, {"_CONV_BT": values}, timed=True)}
+    assert got[default] == 1.0 and got[128].startswith("an illegal memory access") and got[64] == got[128]
+    assert got[16] == got[8] == "not run: the GPU's context was lost at _CONV_BT=64"
+    assert triton_ops._CONV_BT == default
 
 
 @pytest.mark.parametrize("H,D,l2,t0", [(3, 16, 2, 0), (2, 24, 2, 0), (2, 64, 0, 0), (1, 8, 2, 3)])
