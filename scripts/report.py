@@ -165,6 +165,11 @@ def pct(v):
     return "-" if v is None or v[0] != v[0] else f"{100 * v[0]:.1f}"
 
 
+def points(share):
+    """A share as percentage points, to the tenth where it is not whole: 0.455 -> '45.5', 0.47 -> '47'."""
+    return f"{100 * share:.1f}".removesuffix(".0")
+
+
 def interval(v):
     """[value, low, high] in percent with its interval: '95.2 [92.9, 97.5]'; '-' where missing."""
     return "-" if v is None else f"{pct(v)} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
@@ -339,7 +344,7 @@ def instruction_aware(runs):
         ahead.append((rec == "above" or key == "up") and not (rec == "below" or key == "down"))
         worse.append(key == "down")
         text.append(f"{label(n, runs[n])}: recovery {interval(a)} after SFT vs {interval(b)} ({rec}), mean passkey "
-                    + ("not measured" if not Ls else f"{100 * pa:.0f}% vs {100 * pb:.0f}% ({key})"))
+                    + ("not measured" if not Ls else f"{points(pa)}% vs {points(pb)}% ({key})"))
     if all(ahead):
         verdict = "does not hold"
     elif not any(ahead):
@@ -687,7 +692,7 @@ def findings(runs, floor=None):
     seven = [n for n in ORDER[:7] if got[n][0]]
     cut = [n for n in seven if got[n][1]]  # stand in with their NIAH after stage 3, marked
     mean = {n: mean_accuracy(got[n][0]) for n in seven}
-    ranks = ", ".join(f"{NAMES[n]} {100 * mean[n]:.0f}%" + (" (after stage 3)" if n in cut else "")
+    ranks = ", ".join(f"{NAMES[n]} {points(mean[n])}%" + (" (after stage 3)" if n in cut else "")
                       for n in sorted(mean, key=mean.get, reverse=True))
     study = {n: mean_accuracy(a) for n, a in STUDY_PASSKEY.items() if len(a) == 4}  # every length reported
     ranks += "; the study at 10B tokens: " + ", ".join(f"{NAMES[n]} {study[n]:.0f}%" for n in
@@ -703,8 +708,8 @@ def findings(runs, floor=None):
         # the gap that decides it: Gated DeltaNet's lead over the next, or its distance from the best
         rival = max(v for n, v in mean.items() if n != "gated_deltanet")
         if key_floor is not None and abs(mean["gated_deltanet"] - rival) <= key_floor and "tied" not in verdict:
-            verdict = (f"not settled (Gated DeltaNet {100 * mean['gated_deltanet']:.0f}% against "
-                       f"{100 * rival:.0f}%, a gap within the run-to-run difference)")
+            verdict = (f"not settled (Gated DeltaNet {points(mean['gated_deltanet'])}% against "
+                       f"{points(rival)}%, a gap within the run-to-run difference)")
         if cut:
             verdict += ", with " + " and ".join(NAMES[n] for n in cut) + " judged after stage 3 (after SFT not measured)"
         out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
