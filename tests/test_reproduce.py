@@ -375,7 +375,7 @@ def test_findings_are_judged_from_the_numbers():
            "512: 50%, 1024: 30%" in lines[3]
     # the retrieval ranking takes it after stage 3 too, and says so in the verdict and beside its number
     assert ": holds, with RetNet judged after stage 3 (after SFT not measured). " in lines[1]
-    assert "Gated DeltaNet 62%, RetNet 20% (after stage 3), " in lines[1]
+    assert "Gated DeltaNet 62.5%, RetNet 20% (after stage 3), " in lines[1]
     runs["retnet"]["after_stage3"] = fake(0.8, [1.0, 1.0, 1.0, 1.0])["after_stage3"]  # its stand-in can win
     assert ": does not hold, with RetNet judged after stage 3 (after SFT not measured). RetNet 100% (after stage 3)" \
         in report.findings(runs).splitlines()[1]
@@ -393,7 +393,7 @@ def test_findings_are_judged_from_the_numbers():
     lines = report.findings(runs).splitlines()
     assert ": does not hold." in lines[1] and ": does not hold." in lines[3]
     del runs["kda"]
-    assert "not measured (6 of the seven mixers measured). DeltaNet 100%, Gated DeltaNet 62%" in report.findings(runs).splitlines()[1]
+    assert "not measured (6 of the seven mixers measured). DeltaNet 100%, Gated DeltaNet 62.5%" in report.findings(runs).splitlines()[1]
     del runs["gla"]  # one pair of two left: judged alone, and said so
     assert ": does not hold for the 1 of 2 pairs measured." in report.findings(runs).splitlines()[0]
     del runs["deltanet"]
@@ -427,7 +427,7 @@ def test_a_gap_within_the_run_to_run_difference_is_not_a_finding():
     assert report.findings(runs).splitlines()[0].endswith("; no student run twice, so no run-to-run difference")
     runs["kda"]["after_sft"] = fake(0.8, [1.0, 0.8, 0.5, 0.1])["after_sft"]  # 2.5 points behind: within 5
     lines = report.findings(runs, report.noise(report.replicates(runs, earlier))).splitlines()
-    assert ": not settled (Gated DeltaNet 62% against 60%, a gap within the run-to-run difference). " in lines[1]
+    assert ": not settled (Gated DeltaNet 62.5% against 60%, a gap within the run-to-run difference). " in lines[1]
     earlier["kda"]["command"] += " --other"  # another command: not a replicate
     assert "kda" not in report.replicates(runs, earlier)
     # with settings, the recipe decides: maturity points and sft_kd add work beside the same stages
@@ -539,7 +539,7 @@ def test_instruction_aware_distillation_is_judged_from_the_intervals():
     runs = {"gla": kd("gla", 0.90, 0.95, flat, flat), "gated_deltanet": kd("gated_deltanet", 0.90, 0.95, flat, flat)}
     got = line(runs, claim)  # its interval [93, 97] wholly above SFT's [88, 92] in both runs
     assert ": does not hold for the 2 runs measured. GLA: recovery 90.0 [88.0, 92.0] after SFT vs 95.0 [93.0, 97.0] " \
-           "(above), mean passkey 22% vs 22% (level); Gated DeltaNet: " in got
+           "(above), mean passkey 22.5% vs 22.5% (level); Gated DeltaNet: " in got
     runs["gla"] = kd("gla", 0.90, 0.91, flat, flat)  # overlapping, the passkey level
     assert ": not settled (it is ahead in 1 of 2 runs) for the 2 runs measured." in line(runs, claim)
     runs["gated_deltanet"] = kd("gated_deltanet", 0.90, 0.91, flat, flat)
