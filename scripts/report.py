@@ -950,8 +950,10 @@ def main(argv=None):
     drawn += [long_figure] if long_figure else []
     for folder in loaded + [{n: old for n, (_, old) in pairs.items()}]:
         for n, r in folder.items():
+            spent = sum(r.get("seconds", {}).values())  # every step's, across resumes after a kill
             lines.append(f"- {label(n, r)}{' (earlier run)' if r is earlier.get(n) else ''}: {r['machine']}, "
                          f"{r['date']}, commit {r['commit']}: `{r['command']}`"
+                         + (f", {spent:,.0f} s in its steps" if spent else "")
                          + (f". Incomplete: {r['incomplete']}" if r.get("incomplete") else ""))
     report = "\n".join(lines) + "\n"
     with open(out, "w") as f:
