@@ -98,8 +98,9 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
     the defaults, {kernel: ms} with kernels), the defaults first. The difference is the largest
     over the output and each input's gradient, relative to that tensor's largest entry. Untimed:
     times None, no kernels, on the CPU in fp32 (Triton's interpreter); timed: on the GPU in bf16.
-    A combination that does not run, or gives a value that is not finite, has its error's first
-    line in place of the times; after one that leaves the GPU unusable, the rest are not run."""
+    A combination that does not run, or gives a value that is not finite, has "failed: " and its
+    error's first line in place of the times; after one that leaves the GPU unusable, the rest
+    have "not run: " and why."""
     device, dtype = ("cuda", torch.bfloat16) if timed else ("cpu", torch.float32)  # the interpreter's bf16 is not a GPU's
     inputs, fn = case(op, B, T, H, D, device, dtype, V=V)
     gen = torch.Generator().manual_seed(1)
@@ -121,7 +122,7 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
 
     ref = None
     try:
-        for combo in combos:
+        for i, combo in enumerate(combos):
             for n, v in zip(names, combo):
                 setattr(triton_ops, n, v)
             try:
@@ -135,10 +136,10 @@ def sweep(op, B, T, H, D, values, timed=True, kernels=False, V=49152):
                 fwd = bench(lambda: fn(*inputs)) if timed else None
                 times = (fwd, bench(run) if timed and grads else fwd)
             except Exception as e:  # out of resources, or a shape these kernels refuse
-                yield dict(zip(names, combo)), first_line(e)[:120], None, None, {}
+                yield dict(zip(names, combo)), f"failed: {first_line(e)[:120]}", None, None, {}
                 if timed and not device_usable():  # a kernel faulted: every later call would fail too
                     at = " ".join(f"{n}={v}" for n, v in zip(names, combo))
-                    for rest in combos[combos.index(combo) + 1:]:
+                    for rest in combos[i + 1:]:
                         yield dict(zip(names, rest)), f"not run: the GPU's context was lost at {at}", None, None, {}
                     return
                 continue
@@ -200,8 +201,8 @@ def main():
     combos = sweep(args.op, args.B, args.T, args.H, args.D, values, not interpret, args.kernels, args.V)
     for i, (combo, fwd, both, diff, per_kernel) in enumerate(combos):
         what = " ".join(f"{n}={v}" for n, v in combo.items())
-        if isinstance(fwd, str):
-            lines.append(f"{what}: {fwd}" if fwd.startswith("not run") else f"{what}: failed: {fwd}")
+        if isinstance(fwd, str):  # what became of a combination that did not run
+            lines.append(f"{what}: {fwd}")
         else:
             times = "untimed" if fwd is None else f"{fwd:.3f} {both:.3f}"
             lines.append(f"{what}: {times}  max diff {diff:.1e}" + ("  (the defaults)" if i == 0 else ""))

@@ -127,7 +127,7 @@ def test_the_launch_sweep_stops_after_a_combination_loses_the_gpu(monkeypatch):
     monkeypatch.setattr(sweep, "device_usable", lambda: triton_ops._CONV_BT != 64)
     monkeypatch.setattr(sweep.triton.testing, "do_bench", lambda f, **k: (f(), 1.0)[1])
     got = {c["_CONV_BT"]: fwd for c, fwd, *_ in sweep.sweep("conv", 1, 4, 1, 8, {"_CONV_BT": values}, timed=True)}
-    assert got[default] == 1.0 and got[128].startswith("an illegal memory access") and got[64] == got[128]
+    assert got[default] == 1.0 and got[128].startswith("failed: an illegal memory access") and got[64] == got[128]
     assert got[16] == got[8] == "not run: the GPU's context was lost at _CONV_BT=64"
     assert triton_ops._CONV_BT == default
 
