@@ -1009,10 +1009,10 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 # cumsum repeat the last real value (exponents in padded rows stay <= 0, never inf * 0).
 _DELTA_BT = 64  # chunk length
 _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
+# Never _DELTA_WARPS = 8 with _DELTA_BV = 32: on an H100 with triton 3.6, _delta_fwd_o_kernel then
+# reads shared memory out of range or returns a wrong output (results/speed/README.md)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
 _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
-# (never 8 with _DELTA_BV = 32: on an H100 with triton 3.6, _delta_fwd_o_kernel then reads shared
-# memory out of range or returns a wrong output; results/speed/README.md, the launch sweeps again)
 # where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
 # backward with a gate or at Dk > 64, and the in-chunk backward of one program a chunk (gates
 # 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of

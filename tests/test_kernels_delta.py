@@ -4,10 +4,10 @@ S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T, o_t = S_
 with g none (DeltaNet) / [B,T,H] (Gated DeltaNet) / [B,T,H,Dk] (KDA). Ground truth is
 mixers.recurrent_delta_rule run in fp64 (token by token). The small fp32 claims run on the GPU
 when there is one, compiled, and otherwise on the CPU in Triton's interpreter; on a GPU the same
-claims are also checked (test_kernels_delta_gpu.py) at larger shapes, in fp32 (fla's gated
-backward is wrong on Hopper with some triton versions: fla-org/flash-linear-attention issue
-#640) and in bf16 with fla's tolerances (the ratios of its tests' assert_close,
-tests/ops/test_gated_delta.py).
+claims are also checked (test_kernels_delta_gpu.py, and test_kernels_kda_gpu.py for KDA) at
+larger shapes, in fp32 (fla's gated backward is wrong on Hopper with some triton versions:
+fla-org/flash-linear-attention issue #640) and in bf16 with fla's tolerances (the ratios of its
+tests' assert_close, tests/ops/test_gated_delta.py).
 """
 
 import os

@@ -1,7 +1,9 @@
 """The claims of test_kernels_delta.py on a GPU, compiled: larger shapes in fp32 and in bf16 at
 fla's tolerances, and 65k tokens with extreme gates. A file of its own so that, on a GPU machine,
 another test process compiles these kernel variants while the small claims' run (pytest.ini
-keeps a file's tests in one process, and compiling is most of these files' time there).
+keeps a file's tests in one process, and compiling is most of these files' time there). KDA's
+per-channel gates compile kernels of their own, about as many again: test_kernels_kda_gpu.py
+checks them, in a process of its own.
 """
 import os
 
@@ -13,7 +15,7 @@ from test_kernels_delta import check_against_recurrence, make_inputs
 import triton_ops
 
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"  # compiled kernels
-GATES = ["none", "head", "channel", "bounded"]  # DeltaNet, Gated DeltaNet, KDA unbounded and as it is
+DTYPES = [torch.float32, torch.bfloat16]
 
 # --- the same claims on a GPU, compiled kernels ---------------------------------------------
 
@@ -24,18 +26,13 @@ GPU_TOL = {"o": 0.005, "ht": 0.005, "grad": 0.008, "dg": 0.02, "dbeta": 0.02}
 GPU_TOL_FP32 = {"o": 1e-4, "ht": 1e-4, "grad": 1e-4}
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
-@pytest.mark.parametrize("gate", GATES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_recurrence_cuda(gate, dtype):
+def check_on_gpu(gate, dtype):
     tol = GPU_TOL if dtype == torch.bfloat16 else GPU_TOL_FP32
     check_against_recurrence(gate, 2, 1000, 4, 64, 64, True, "cuda", dtype, tol)
     check_against_recurrence(gate, 1, 300, 2, 128, 128, True, "cuda", dtype, tol)
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
-@pytest.mark.parametrize("gate", ["head", "channel"])
-def test_65k_tokens_extreme_gates_finite_cuda(gate):
+def check_65k_tokens_finite(gate):
     # gates from 1e-4 to 1e3 times the usual logsigmoid scale, over 65536 tokens
     B, T, H, D = 1, 65536, 2, 64
     (q, k, v), beta, g, h0 = make_inputs(gate, B, T, H, D, D, "cuda", torch.bfloat16)
@@ -45,3 +42,15 @@ def test_65k_tokens_extreme_gates_finite_cuda(gate):
     (o.float().square().mean() + ht.square().mean()).backward()
     for x in [o, ht] + [x.grad for x in leaves]:
         assert torch.isfinite(x).all()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+@pytest.mark.parametrize("gate", ["none", "head"])  # DeltaNet, Gated DeltaNet
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_recurrence_cuda(gate, dtype):
+    check_on_gpu(gate, dtype)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and compiled Triton")
+def test_65k_tokens_extreme_gates_finite_cuda():
+    check_65k_tokens_finite("head")
