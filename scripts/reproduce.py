@@ -437,7 +437,8 @@ def maturity_steps(args, steps, per_step):
         k = round((f * args.tokens - before) / per_step)
         if not 0 < k < steps["3"]:
             sys.exit(f"reproduce.py: --maturity: {f} of {args.tokens:,} tokens is not inside stage 3 (its tokens "
-                     f"{before:,} to {before + steps['3'] * per_step:,})")
+                     f"{before:,} to {before + steps['3'] * per_step:,}): give fractions inside it, or --maturity= "
+                     f"for none")
         points[str(before + k * per_step)] = k
     return points
 

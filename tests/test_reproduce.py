@@ -672,6 +672,15 @@ def test_bad_long_context_settings_stop_in_one_line_before_any_step(tiny_inputs,
         assert not os.listdir(tmp_path)  # refused before any step
 
 
+def test_maturity_points_outside_stage_3_stop_in_one_line_before_any_step(tiny_inputs, tmp_path):
+    d, args = tiny_inputs  # 4k tokens: stages 1 and 2 take whole steps of 64 tokens before stage 3
+    fresh = [a for a in args if not a.startswith(("--work", "--results", "--maturity="))]
+    said = refused(fresh + ["--maturity=0.01,0.5", f"--work={tmp_path}", f"--results={tmp_path}"])
+    assert said.startswith("reproduce.py: --maturity: 0.01 of 4,000 tokens is not inside stage 3 (its tokens "), said
+    assert said.endswith("): give fractions inside it, or --maturity= for none"), said
+    assert not os.listdir(tmp_path)  # refused before any step
+
+
 def test_a_long_context_run_trains_its_last_steps_longer_and_keeps_its_own_json(tiny_inputs, tmp_path):
     # on the tiny run's data and teacher: stage 3's last half at 128 tokens, 1 x 128 a micro-step
     # as the other steps' 2 x 64; the run gets its own name, folder and JSON, and records the setting
