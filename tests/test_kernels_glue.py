@@ -10,7 +10,6 @@ training shapes.
 """
 
 import inspect
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -27,8 +26,11 @@ import distill  # noqa: E402
 import triton_ops  # noqa: E402
 import mixers  # noqa: E402
 
-CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import launch_sweep  # noqa: E402
+
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEV = "cuda" if CUDA else "cpu"  # the small fp32 tests run compiled there, in the interpreter here
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
@@ -111,9 +113,6 @@ def test_the_launch_sweep_stops_after_a_combination_loses_the_gpu(monkeypatch):
     # a kernel that faults (an illegal address) leaves CUDA's context failing every later call:
     # the sweep reports the combinations after it as not run, not as failures of their own, goes
     # on past a failure that leaves the device usable, and puts the constants back
-    spec = importlib.util.spec_from_file_location("launch_sweep", os.path.join(ROOT, "scripts", "launch_sweep.py"))
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
     x = torch.randn(4, 8, requires_grad=True)
 
     def fn(x):
@@ -123,10 +122,10 @@ def test_the_launch_sweep_stops_after_a_combination_loses_the_gpu(monkeypatch):
 
     default = triton_ops._CONV_BT
     values = [default] + [v for v in (128, 64, 16) if v != default] + [8]
-    monkeypatch.setattr(sweep, "case", lambda *a, **k: ([x], fn))
-    monkeypatch.setattr(sweep, "device_usable", lambda: triton_ops._CONV_BT != 64)
-    monkeypatch.setattr(sweep.triton.testing, "do_bench", lambda f, **k: (f(), 1.0)[1])
-    got = {c["_CONV_BT"]: fwd for c, fwd, *_ in sweep.sweep("conv", 1, 4, 1, 8, {"_CONV_BT": values}, timed=True)}
+    monkeypatch.setattr(launch_sweep, "case", lambda *a, **k: ([x], fn))
+    monkeypatch.setattr(launch_sweep, "device_usable", lambda: triton_ops._CONV_BT != 64)
+    monkeypatch.setattr(launch_sweep.triton.testing, "do_bench", lambda f, **k: (f(), 1.0)[1])
+    got = {c["_CONV_BT"]: fwd for c, fwd, *_ in launch_sweep.sweep("conv", 1, 4, 1, 8, {"_CONV_BT": values}, timed=True)}
     assert got[default] == 1.0 and got[128].startswith("failed: an illegal memory access") and got[64] == got[128]
     assert got[16] == got[8] == "not run: the GPU's context was lost at _CONV_BT=64"
     assert triton_ops._CONV_BT == default
