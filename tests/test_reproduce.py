@@ -517,6 +517,10 @@ def test_gaps_established_early_are_judged_from_the_ranks():
     got = line(runs, gaps)
     lo, hi = (float(x) for x in got.split("rho 1.00 [")[1].split("]")[0].split(", "))
     assert ": not settled. rho 1.00 [" in got and lo < report.RHO_HOLDS < hi
+    part = {n: grown(n, a, a + 0.05, width=0.005) for n, a in accs.items()}
+    for n in report.ORDER[4:7]:  # four of the seven with maturity points: judged, and said to be a part
+        del part[n]["maturity"]
+    assert ": holds. rho 1.00 [1.00, 1.00] over 4 of the seven mixers. At 25M: mLSTM 25.0%, GLA 20.0%, RetNet 15.0%, Linear Attention 10.0%; " in line(part, gaps)
     for n in report.ORDER[3:7]:  # three mixers left with maturity points: too few to judge
         del runs[n]["maturity"]
     assert ": not settled (only 3 of the seven mixers measured at both points). rho 1.00 [" in line(runs, gaps)
