@@ -315,7 +315,7 @@ def gaps(runs):
 
     kl = [[pts[i]["eval"]["model"]["lm"].get("kl") for pts in both.values()] for i in (0, 1)]
     kl = "" if None in kl[0] + kl[1] else f"; on KL to the teacher (lower is better, no interval): rho {spearman(*kl):.2f}"
-    over = f"{len(both)} mixers" if len(both) == 7 else f"{len(both)} of the seven mixers"  # a part judges the seven
+    over = f"{len(both)} mixers" if len(both) == 7 else f"{len(both)} of the seven mixers"  # judged on part of the seven: say how many
     return (f"{claim}: {verdict}. rho {rho:.2f} [{lo:.2f}, {hi:.2f}] over {over}. "
             f"At {count(EARLY)}: {order(0)}; at the end ({ends}): {order(1)}{kl}")
 

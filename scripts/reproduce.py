@@ -10,7 +10,7 @@ number and its loss curves; scripts/report.py builds the table and the plots fro
     python scripts/reproduce.py --mixer=gla --long_context=2048           # stage 3's last quarter at 2k
     python scripts/reproduce.py --mixer=swa --tokens=6k --sft_tokens=2k --mc_limit=4 \\
         --niah="--lengths=256 --samples=1 --depths=50" --maturity=0.25,0.5 \\
-        --maturity_niah="--tasks=s_niah_1 --lengths=256 --samples=1 --depths=50"  # a CPU: ~15 min
+        --maturity_niah="--tasks=s_niah_1 --lengths=256 --samples=1 --depths=50"  # a CPU run (~15 min)
 
 The budget splits as the study's 80M : 160M : 2.76B tokens (distill.STAGES: 2.7% / 5.3% / 92%),
 each stage a whole number of train.py's optimizer steps; SFT gets --sft_tokens (default a tenth
