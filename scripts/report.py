@@ -137,6 +137,8 @@ def label(name, run):
         return f"{NAMES.get(s['mixer'], s['mixer'])} + softmax layers {s['softmax_layers']}"
     if s.get("mixer") == "swa" and s.get("window"):
         return f"SWA, window {s['window']}"
+    if name == "teacher_long":
+        return "teacher, NIAH to 8k"
     return NAMES.get(name, name)
 
 
@@ -561,7 +563,14 @@ def long_section(runs, assets, out):
              f"tokens), and is set beside its baseline.", ""]
     pairs = long_pairs(runs)
     if not pairs:
-        return lines + ["Not measured: no long-context run (reproduce.py --long_context) with its baseline.", ""], None
+        lines.append("Not measured: no long-context run (reproduce.py --long_context) with its baseline.")
+        niah = runs["teacher_long"]["teacher"]["niah"] if "teacher_long" in runs else {}
+        if niah:
+            lengths = " / ".join(str(L) for L, _ in by_length(niah["s_niah_1"]))
+            lines.append(f"The teacher at {lengths} tokens (teacher_long): " + "; ".join(
+                f"{NIAH[t]} {' / '.join(f'{100 * a:.0f}' for _, a in by_length(acc))}%"
+                for t, acc in niah.items() if t in NIAH) + ".")
+        return lines + [""], None
     path = long_plot(runs, pairs, os.path.join(assets, "study_long.png"))
     return lines + [long_table(runs, pairs), "",
                     f"![passkey by length, long-context runs against their baselines]"

@@ -801,4 +801,7 @@ def test_the_report_sets_long_context_runs_beside_their_baselines_and_draws_them
     report.main([f"--results={r}", f"--assets={tmp_path / 'none'}"])
     text = (r / "report.md").read_text()
     assert "Not measured: no long-context run (reproduce.py --long_context) with its baseline." in text
+    assert ("The teacher at 512 / 1024 / 2048 / 4096 / 8192 tokens (teacher_long): passkey 100 / 100 / 100 / 98 / 90%; "
+            "UUID 90 / 90 / 90 / 88 / 80%.") in text  # the teacher's own long NIAH, before any long run
+    assert "- teacher, NIAH to 8k: m, d, commit c: " in text
     assert not os.path.exists(tmp_path / "none" / "study_long.png")
