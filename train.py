@@ -88,6 +88,8 @@ class Settings:
     eval_interval: int = 20  # steps between evals (each also writes the checkpoint)
     keep_at: str = ""  # steps, e.g. "1000,2000", whose weights are also kept as
     #   stage<N>_step<M>.pt (and evaluated)
+    branch_at: str = ""  # steps whose whole checkpoint (optimizer, step, history) is also kept as
+    #   stage<N>_branch<M>.pt, for a run that goes on from there otherwise (a long-context run)
     eval_iters: int = 2  # val batches per eval: the same fixed batches every time
     log_interval: int = 1  # steps between log lines (each one waits for the GPU)
     # --- system ---
@@ -180,6 +182,8 @@ RANGES = [
     ("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
     ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
     ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
+     "step numbers such as 1000,2000"),
+    ("branch_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
      "step numbers such as 1000,2000")] + [
     (k, lambda v: v >= 1, "an integer >= 1") for k in (
         "block_size", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval",
@@ -230,6 +234,11 @@ def lr_at(step, s):
 
 def ckpt_path(s, stage=None):
     return os.path.join(s.out_dir, s.mixer, f"stage{stage or s.stage}.pt")
+
+
+def branch_path(s, step):
+    """Where --branch_at keeps the whole checkpoint of a step."""
+    return f"{ckpt_path(s)[:-3]}_branch{step}.pt"
 
 
 def build_student(s, teacher, resuming):
@@ -397,6 +406,8 @@ def eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock):
             if str(step) in s.keep_at.split(","):  # the weights alone, for a later evaluation
                 checkpoint.save(f"{ckpt_path(s)[:-3]}_step{step}.pt", student,
                                 background=writes_behind(student))
+            if str(step) in s.branch_at.split(","):  # all of it, for another run to go on from
+                save(branch_path(s, step), student, optimizer, step, s, history)
         watch.saved_step = step
     png = ckpt_path(s)[:-3] + ".png"
     if writes_behind(student):  # drawn from a copy by the thread that writes the checkpoints
@@ -511,7 +522,9 @@ def main(argv=None, after_step=None):
                 watch.rising(step, loss_val, lr)
             history["train"].append((step, loss_val))
             log(meter.line(step, loss_val, lr))
-        kept = str(step) in s.keep_at.split(",")
+        # kept steps are evaluated, and so is the switch to --long_block_size (the loss before it)
+        kept = str(step) in s.keep_at.split(",") + s.branch_at.split(",") or (
+            s.long_block_size and step == s.max_iters - distill.long_steps(s))
         if master and (step % s.eval_interval == 0 or step == s.max_iters or kept):
             clock.mark("steps", wait)
             eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)

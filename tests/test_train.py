@@ -308,7 +308,7 @@ def test_long_context_switches_length_at_its_step_and_keeps_the_tokens_of_a_step
     long = train.main(args(setup, out_dir=tmp_path / "long", long_block_size=64, long_frac=0.25, **run))
     assert seen == [(k, p, (4, 32) if k < 6 else (2, 64), (4, 32) if k < 6 else (2, 64))
                     for k in range(8) for p in range(2)]
-    assert evals == [[(4, 32)] * 2] * 3  # steps 0, 4 and 8: the same length before and after the switch
+    assert evals == [[(4, 32)] * 2] * 4  # steps 0, 4, 6 (the switch) and 8: the same length before and after it
     assert "step 6: sequences of 64 tokens from here, 2 a micro-step" in capsys.readouterr().out
     s = train.Settings(max_iters=8, learning_rate=1.0, schedule="wsd", data_dir="", init_from="teacher", block_size=32,
                        batch_size=4, long_block_size=64)
@@ -351,6 +351,28 @@ def test_a_long_context_run_killed_before_or_after_the_switch_resumes_bitwise(se
         _, a = checkpoint.read(str(tmp_path / "whole" / MIXER / "stage3.pt"))
         _, b = checkpoint.read(str(out / MIXER / "stage3.pt"))
         assert not _changed(a, b), kill
+
+
+def test_a_run_goes_on_from_another_runs_branch_checkpoint_as_if_it_had_run_from_the_start(setup, tmp_path):
+    # a baseline of 8 steps keeps its whole checkpoint at step 6, where a run with its last quarter
+    # long switches; that run, started from the kept checkpoint, is the long run from step 0, to the bit
+    start = fresh_student(setup, tmp_path / "start.pt")
+    run = dict(stage="3", init_from=start, max_iters=8, eval_interval=4, grad_accum=2, learning_rate=3e-3)
+    long = train.main(args(setup, out_dir=tmp_path / "long", long_block_size=64, long_frac=0.25, **run))
+    base = train.main(args(setup, out_dir=tmp_path / "base", branch_at="6", **run))
+    kept = tmp_path / "base" / MIXER / "stage3_branch6.pt"
+    blob = torch.load(kept, weights_only=True)
+    assert blob["step"] == 6 and blob["optimizer"]["state"] and [v["step"] for v in base["val"]] == [0, 4, 6, 8]
+    os.makedirs(tmp_path / "branch" / MIXER)
+    shutil.copy(kept, tmp_path / "branch" / MIXER / "stage3.pt")
+    branched = train.main(args(setup, out_dir=tmp_path / "branch", long_block_size=64, long_frac=0.25, **run))
+    assert branched["train"] == long["train"] and branched["val"] == long["val"]  # evaluated at the switch, both
+    assert base["train"][:6] == long["train"][:6] and base["train"][6:] != long["train"][6:]
+    _, a = checkpoint.read(str(tmp_path / "long" / MIXER / "stage3.pt"))
+    _, b = checkpoint.read(str(tmp_path / "branch" / MIXER / "stage3.pt"))
+    assert not _changed(a, b)
+    with pytest.raises(SystemExit, match="--branch_at"):
+        train.main(args(setup, out_dir=tmp_path / "bad", branch_at="6x", **run))
 
 
 @pytest.mark.parametrize("bad, says", [
