@@ -46,6 +46,11 @@ to 8k (NIAH_LONG) unless --niah says otherwise. Its steps before the switch are 
 its maturity points repeat the baseline's (--maturity= skips them). --long_niah measures a run to
 8k without training anything new: a baseline's own command with it reruns its NIAH steps alone;
 the teacher's (--teacher --long_niah, or --long_context) is teacher_long, beside teacher.json.
+A baseline run whole with --long_niah also keeps stage 3's whole checkpoint at the switch of
+--long_frac (train.py --branch_at); a long-context run of the same recipe in the same --work then
+starts there: stages 1 and 2, stage 3's steps before the switch and its maturity points are the
+baseline's files (linked; 0 s in its time table, and its JSON's "branched_from" names them),
+which are what it would train itself, to the bit, and it trains only the long steps.
 Instruction-aware distillation (--sft_kd): from the same stage-3 student, train.py's stage
 sft_kd (SFT's data, length and budget; CE + KL to the instruction-tuned teacher on the
 assistant's tokens), evaluated as SFT is, beside it. The teacher's
@@ -322,6 +327,8 @@ def write_results(path, result, pipe, args, ckpt, t0):
     if ckpt:
         r["history"] = {s: stage_history(p) for s, p in ckpt.items()
                         if pipe.finished(f"stage{s}") and os.path.exists(p)}  # a folder copied without them
+    if src := next((d for d in pipe.done.values() if d.get("from")), None):
+        r["branched_from"] = {"run": src["from"], "stage3_step": src["at"]}
     r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
     r["time_table"] = time_table(pipe.done)
     r["this_run_seconds"] = time.time() - t0
@@ -512,6 +519,40 @@ def run_name(args):
     return name
 
 
+def branch(args, pipe, settings, switch):
+    """A long-context run's start, taken from its baseline in the same --work: links its stages 1
+    and 2, its whole stage-3 checkpoint at the switch (kept by train.py --branch_at) and its kept
+    maturity weights into this run's folder, and marks stages 1 and 2 done. Only for the same
+    recipe, a baseline that kept all of them, and a run that has not begun stage 3."""
+    name = run_name(argparse.Namespace(**{**vars(args), "long_context": 0}))
+    base, mine = os.path.join(args.work, name, args.mixer), os.path.join(pipe.dir, args.mixer)
+    kept = {os.path.join(base, f"stage3_branch{switch}.pt"): "stage3.pt",
+            **{os.path.join(base, f"stage{s}.pt"): f"stage{s}.pt" for s in ("1", "2")},
+            **{os.path.join(base, f"stage3_step{k}.pt"): f"stage3_step{k}.pt"
+               for k in settings["maturity"].values() if k <= switch}}  # later ones are this run's own
+    done = os.path.join(args.work, name, "done.json")
+    if pipe.finished("stage3") or os.path.exists(os.path.join(mine, "stage3.pt")) or not os.path.exists(done) \
+            or not all(os.path.exists(f) for f in kept):
+        return
+    theirs = json.load(open(done))["settings"]
+    recipe = ("mixer", "softmax_layers", "tokens", "tokens_per_step", "text", "extra", "window")
+    if any(theirs.get(k) != settings.get(k) for k in recipe) or any(
+            theirs["steps"].get(s) != settings["steps"][s] for s in STAGES):
+        return
+    os.makedirs(mine, exist_ok=True)
+    for src, dst in kept.items():  # links where the file system allows, else copies
+        try:
+            os.link(src, os.path.join(mine, dst))
+        except OSError:
+            import shutil
+            shutil.copyfile(src, os.path.join(mine, dst))
+    for s in ("1", "2"):
+        pipe.done[f"stage{s}"] = {"seconds": 0.0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": None,
+                                  "split": None, "from": name, "at": switch}
+    write_json(pipe.state_path, {"settings": pipe.settings, "steps": pipe.done})
+    print(f"stages 1 and 2, and stage 3's first {switch} steps: {name}'s, from {base}", flush=True)
+
+
 def check_long(args, given, batch, block, stage3_steps):
     """train.py's checks of --long_block_size and --long_frac on stage 3 (distill.check_long, the
     teacher's context included), as a one-line exit before any step."""
@@ -574,9 +615,11 @@ def main(argv=None):
     ap.add_argument("--long_context", type=int, default=0, help="stage 3's last --long_frac of steps at this "
                     "sequence length, tokens per step kept (train.py --long_block_size); the run is <name>_long<L>")
     ap.add_argument("--long_frac", type=float, default=None, help=f"with --long_context: the share of stage 3's "
-                    f"steps at that length (default {LONG_FRAC})")
+                    f"steps at that length (default {LONG_FRAC}); with --long_niah, a baseline's: where a long-context "
+                    f"run branches off")
     ap.add_argument("--long_niah", action="store_true", help="NIAH to 8k (NIAH_LONG) without training anything new: "
-                    "a baseline beside its long-context run; with --teacher, teacher_long.json")
+                    "a baseline beside its long-context run (run whole, it also keeps stage 3's checkpoint at the "
+                    "switch for that run to start from); with --teacher, teacher_long.json")
     ap.add_argument("--maturity", default="0.125,0.25,0.5", help="points inside stage 3, as fractions of --tokens "
                     "(distillation tokens, stages 1-3), where its weights are kept and lightly evaluated; '' for none")
     ap.add_argument("--maturity_tasks", default="lambada", help="evaluate.py's tasks at a maturity point")
@@ -598,7 +641,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.long_context < 0:
         ap.error(f"--long_context={args.long_context}: expected a sequence length (0: off)")
-    if args.long_frac is not None and not args.long_context:
+    if args.long_frac is not None and not (args.long_context or args.long_niah):
         ap.error("--long_frac: a share of stage 3 at --long_context, which is not given")
     args.long_frac = LONG_FRAC if args.long_frac is None else args.long_frac
     if args.niah is None:
@@ -689,6 +732,9 @@ def main(argv=None):
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
         stage3_eval = os.path.join(pipe.dir, "stage3.eval.json")
+        switch = steps["3"] - round(args.long_frac * steps["3"])  # distill.length_at's
+        if args.long_context:
+            branch(args, pipe, result["settings"], switch)
         for s in steps:  # 1, 2, 3, sft and (--sft_kd) sft_kd, each sft from the stage-3 student
             chat = s.startswith("sft")
             cmd = [py, "train.py", f"--stage={s}", f"--max_iters={steps[s]}", "--resume=true",
@@ -702,6 +748,8 @@ def main(argv=None):
                 cmd.append(f"--keep_at={','.join(str(k) for k in maturity.values())}")
             if s == "3" and args.long_context:
                 cmd += [f"--long_block_size={args.long_context}", f"--long_frac={args.long_frac}"]
+            elif s == "3" and args.long_niah:  # a baseline: where a long-context run branches off
+                cmd.append(f"--branch_at={switch}")
             pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
                 measure(pipe, "stage3", ckpt["3"], args, py)

@@ -703,7 +703,22 @@ def test_a_long_context_run_trains_its_last_steps_longer_and_keeps_its_own_json(
     for other in ("stage1", "stage2", "stagesft"):  # the rest of the recipe as the baseline's
         assert "sequences of" not in open(tmp_path / "work" / "gla_long128_frac0.5" / f"{other}.log").read()
     assert s["tokens_per_step"] == 128 and r["after_sft"]["niah"]["s_niah_1"]
-    assert not os.path.exists(tmp_path / "gla.json")
+    assert not os.path.exists(tmp_path / "gla.json") and "branched_from" not in r
+    # after its baseline (--long_niah, the same recipe, the same --work) the same command starts at the
+    # switch, from the baseline's files, and ends where the run from the start did, to the bit
+    work, k = tmp_path / "after_baseline", n - round(n / 2)
+    for what in ("--long_niah", "--long_context=128"):
+        proc = run(rest + [extra, "--maturity=", what, "--long_frac=0.5", f"--work={work}", f"--results={work}"],
+                   timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    b = json.load(open(work / "gla_long128_frac0.5.json"))
+    assert b["branched_from"] == {"run": "gla", "stage3_step": k} and b["seconds"]["stage1"] == b["seconds"]["stage2"] == 0
+    assert b["history"] == r["history"]  # every stage's curves: stage 3's the baseline's up to the switch
+    assert b["after_stage3"]["eval"]["model"] == r["after_stage3"]["eval"]["model"]
+    assert b["after_sft"]["eval"]["model"] == r["after_sft"]["eval"]["model"]
+    mine = open(work / "gla_long128_frac0.5" / "stage3.log").read()
+    assert "step 10/" in log and "step 10/" not in mine and f"step {k}: sequences of 128 tokens from here" in mine
+    assert os.path.samefile(work / "gla" / "gla" / "stage2.pt", work / "gla_long128_frac0.5" / "gla" / "stage2.pt")
 
 
 def test_intervals_of_niah_accuracies_and_of_their_gains_by_hand():
