@@ -31,8 +31,9 @@ Evaluation: perplexity and KL to the teacher on held-out text (data/modern/val.b
 six tasks with recovery (--mc_limit questions each), and needle in a haystack (--niah: the
 passkey S-NIAH-1 and the UUID S-NIAH-3 at 512 to 4k tokens, 50 prompts a length). Each step
 ends with its own clock's line (cli.Clock: start-up and loading, the first step's compiling,
-training or evaluating proper, checkpoint writes); the JSON's "time_table" and the run's last
-lines say where its seconds went.
+training or evaluating proper, checkpoint writes); the JSON's "time_table" (by step) and
+"time_groups" (by part: a stage, the evaluation after one, the maturity points) and the run's
+last lines say where its seconds went.
 
 Maturity (--maturity, fractions of the budget; default 1/8, 1/4, 1/2): stage 3 also keeps its
 weights at those points (train.py --keep_at), and each gets a light evaluation after stage 3:
@@ -331,6 +332,7 @@ def write_results(path, result, pipe, args, ckpt, t0):
         r["branched_from"] = {"run": src["from"], "stage3_step": src["at"]}
     r["seconds"] = {k: v["seconds"] for k, v in pipe.done.items()}
     r["time_table"] = time_table(pipe.done)
+    r["time_groups"] = time_table(pipe.done, grouped=True)
     r["this_run_seconds"] = time.time() - t0
     steps = ["eval_teacher", "niah_teacher"] if args.teacher else [f"stage{s}" for s in STAGES] + [
         "eval_stage3", "niah_stage3"] + [f"{k}_mature{n}" for n in points for k in ("eval", "niah")] + [
@@ -345,25 +347,38 @@ PHASES = {"startup": "start-up and loading", "first step": "compiling (first ste
           "evals": "evaluations in training", "checkpoints": "checkpoint writes", "writing": "checkpoint writes"}
 
 
-def time_table(done):
+AFTER_STEP = {"stage3": "stage 3", "sft": "SFT", "sft_kd": "sft_kd", "teacher": "the teacher"}
+
+
+def step_group(name):
+    """A step's row in the grouped time table: its stage, the evaluation (tasks and NIAH) after
+    one, or the maturity points together."""
+    if "_mature" in name:
+        return "maturity points (LAMBADA, passkey)"
+    if name.startswith("stage"):
+        stage = name[len("stage"):]
+        return f"stage {stage}" if stage in STAGES else AFTER_STEP.get(stage, stage)
+    return f"evaluation of {AFTER_STEP.get(name.split('_', 1)[1], name)} (tasks, NIAH)"
+
+
+def time_table(done, grouped=False):
     """Where a run's seconds went, a markdown table: each step's wall time split by its own clock
     (cli.Clock's phases, grouped as PHASES) and the rest ("process": the time outside the step's
-    clock: its imports, and with --isolate Python's and CUDA's start)."""
+    clock: its imports, and with --isolate Python's and CUDA's start). grouped: a row per
+    step_group, its steps added before rounding."""
     cols = list(dict.fromkeys(PHASES.values())) + ["process", "total"]
-    rows = ["| step | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    sums = dict.fromkeys(cols, 0.0)
+    rows = {}
     for name, d in done.items():
         split = d.get("split") or {}
-        cells = dict.fromkeys(cols, 0.0)
+        cells = rows.setdefault(step_group(name) if grouped else name, dict.fromkeys(cols, 0.0))
         for phase, sec in split.items():
             if phase in PHASES:
                 cells[PHASES[phase]] += sec
-        cells["process"], cells["total"] = d["seconds"] - split.get("total", 0.0), d["seconds"]
-        for c in cols:
-            sums[c] += cells[c]
-        rows.append(f"| {name} | " + " | ".join(f"{cells[c]:.0f}" for c in cols) + " |")
-    rows.append("| all | " + " | ".join(f"{sums[c]:.0f}" for c in cols) + " |")
-    return rows
+        cells["process"] += d["seconds"] - split.get("total", 0.0)
+        cells["total"] += d["seconds"]
+    rows["all"] = {c: sum(cells[c] for cells in rows.values()) for c in cols}
+    return ["| step | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"] + [
+        f"| {name} | " + " | ".join(f"{cells[c]:.0f}" for c in cols) + " |" for name, cells in rows.items()]
 
 
 def measure(pipe, tag, model, args, py, teacher_eval=None):
@@ -759,6 +774,7 @@ def main(argv=None):
                 measure(pipe, s, ckpt[s], args, py, stage3_eval)
     write_results(out, result, pipe, args, ckpt, t0)
     print("\nwhere the run's time went (s):\n" + "\n".join(time_table(pipe.done)))
+    print("\nthe same by part of the run:\n" + "\n".join(time_table(pipe.done, grouped=True)))
     print(f"wrote {out}")
 
 

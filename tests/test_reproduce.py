@@ -159,6 +159,13 @@ def test_a_run_goes_through_every_stage_and_both_evaluations(tiny):
         assert abs(sum(cells[:-1]) - cells[-1]) <= len(cells), (name, cells)  # rounded to seconds
     stage3 = dict(zip(cols[1:], rows["stage3"]))
     assert stage3["training"] > 0 and stage3["total"] == round(r["seconds"]["stage3"])
+    # the same by part of the run, its steps added before rounding
+    parts = {line.split("|")[1].strip(): [float(c) for c in line.strip("|").split("|")[1:]] for line in r["time_groups"][2:]}
+    assert list(parts) == ["stage 1", "stage 2", "stage 3", "evaluation of stage 3 (tasks, NIAH)",
+                           "maturity points (LAMBADA, passkey)", "SFT", "evaluation of SFT (tasks, NIAH)", "sft_kd",
+                           "evaluation of sft_kd (tasks, NIAH)", "all"]
+    assert parts["all"] == rows["all"] and parts["stage 3"] == rows["stage3"]
+    assert parts["evaluation of SFT (tasks, NIAH)"][-1] == round(r["seconds"]["eval_sft"] + r["seconds"]["niah_sft"])
     assert "time: startup" in open(d / "work" / "gla" / "niah_sft.log").read()
 
 
