@@ -68,6 +68,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -559,7 +560,6 @@ def branch(args, pipe, settings, switch):
         try:
             os.link(src, os.path.join(mine, dst))
         except OSError:
-            import shutil
             shutil.copyfile(src, os.path.join(mine, dst))
     for s in ("1", "2"):
         pipe.done[f"stage{s}"] = {"seconds": 0.0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": None,
