@@ -47,8 +47,8 @@ to 8k (NIAH_LONG) unless --niah says otherwise. Its steps before the switch are 
 its maturity points repeat the baseline's (--maturity= skips them). --long_niah measures a run to
 8k without training anything new: a baseline's own command with it reruns its NIAH steps alone;
 the teacher's (--teacher --long_niah, or --long_context) is teacher_long, beside teacher.json.
-A baseline run whole with --long_niah also keeps stage 3's whole checkpoint at the switch of
---long_frac (train.py --branch_at); a long-context run of the same recipe in the same --work then
+A baseline run whole with --long_niah also keeps stage 3's whole checkpoint at the switch of a
+long last quarter and half (BRANCH_FRACS) and of --long_frac if given (train.py --branch_at); a long-context run of the same recipe in the same --work then
 starts there: stages 1 and 2, stage 3's steps before the switch and its maturity points are the
 baseline's files (linked; 0 s in its time table, and its JSON's "branched_from" names them),
 which are what it would train itself, to the bit, and it trains only the long steps.
@@ -89,6 +89,7 @@ SFT_LENGTH = 1024  # the study's SFT sequence length
 NIAH = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096 --depths=0,25,50,75,100 --samples=10"
 NIAH_LONG = NIAH.replace("4096", "4096,8192")  # long-context runs, and a baseline or teacher beside them
 LONG_FRAC = 0.25  # --long_frac's default: the last quarter of stage 3 at --long_context
+BRANCH_FRACS = (0.25, 0.5)  # a baseline's (--long_niah) kept starts of long-context runs, besides --long_frac
 MATURITY_NIAH = "--tasks=s_niah_1 --lengths=512,1024,2048 --depths=0,25,50,75,100 --samples=10"
 HISTORY_POINTS = 200  # train-loss points kept per stage in the JSON
 # sliding-window attention (swa) at the linear students' state size: SmolLM2-135M's 3 KV heads
@@ -630,8 +631,8 @@ def main(argv=None):
     ap.add_argument("--long_context", type=int, default=0, help="stage 3's last --long_frac of steps at this "
                     "sequence length, tokens per step kept (train.py --long_block_size); the run is <name>_long<L>")
     ap.add_argument("--long_frac", type=float, default=None, help=f"with --long_context: the share of stage 3's "
-                    f"steps at that length (default {LONG_FRAC}); with --long_niah, a baseline's: where a long-context "
-                    f"run branches off")
+                    f"steps at that length (default {LONG_FRAC}); with --long_niah, a baseline's: one more share "
+                    f"whose long-context run may start from it (besides {', '.join(map(str, BRANCH_FRACS))})")
     ap.add_argument("--long_niah", action="store_true", help="NIAH to 8k (NIAH_LONG) without training anything new: "
                     "a baseline beside its long-context run (run whole, it also keeps stage 3's checkpoint at the "
                     "switch for that run to start from); with --teacher, teacher_long.json")
@@ -747,9 +748,11 @@ def main(argv=None):
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
         stage3_eval = os.path.join(pipe.dir, "stage3.eval.json")
-        switch = steps["3"] - round(args.long_frac * steps["3"])  # distill.length_at's
+        def switch(frac):  # the first long step of stage 3 (distill.length_at's)
+            return steps["3"] - round(frac * steps["3"])
+
         if args.long_context:
-            branch(args, pipe, result["settings"], switch)
+            branch(args, pipe, result["settings"], switch(args.long_frac))
         for s in steps:  # 1, 2, 3, sft and (--sft_kd) sft_kd, each sft from the stage-3 student
             chat = s.startswith("sft")
             cmd = [py, "train.py", f"--stage={s}", f"--max_iters={steps[s]}", "--resume=true",
@@ -759,12 +762,14 @@ def main(argv=None):
                 cmd.append(f"--compile={str(n > COMPILE_TOKENS).lower()}")
             if chat and "block_size" not in given:
                 cmd += [f"--block_size={SFT_LENGTH}", f"--batch_size={sft_batch}"]
-            if s == "3" and maturity:
-                cmd.append(f"--keep_at={','.join(str(k) for k in maturity.values())}")
+            if s == "3":  # both given, even empty: a run started from a baseline's checkpoint keeps not its
+                #   settings for these
+                branches = sorted({switch(f) for f in {*BRANCH_FRACS, args.long_frac}} - {0}) if (
+                    args.long_niah and not args.long_context) else []  # a baseline: where long runs may start
+                cmd += [f"--keep_at={','.join(str(k) for k in maturity.values())}",
+                        f"--branch_at={','.join(str(k) for k in branches)}"]
             if s == "3" and args.long_context:
                 cmd += [f"--long_block_size={args.long_context}", f"--long_frac={args.long_frac}"]
-            elif s == "3" and args.long_niah:  # a baseline: where a long-context run branches off
-                cmd.append(f"--branch_at={switch}")
             pipe.step(f"stage{s}", cmd + words("--extra", args.extra))
             if s == "3":
                 measure(pipe, "stage3", ckpt["3"], args, py)

@@ -726,6 +726,8 @@ def test_a_long_context_run_trains_its_last_steps_longer_and_keeps_its_own_json(
     mine = open(work / "gla_long128_frac0.5" / "stage3.log").read()
     assert "step 10/" in log and "step 10/" not in mine and f"step {k}: sequences of 128 tokens from here" in mine
     assert os.path.samefile(work / "gla" / "gla" / "stage2.pt", work / "gla_long128_frac0.5" / "gla" / "stage2.pt")
+    assert os.path.exists(work / "gla" / "gla" / f"stage3_branch{n - round(n / 4)}.pt")  # a last quarter's start too
+    assert not [f for f in os.listdir(work / "gla_long128_frac0.5" / "gla") if "branch" in f]  # not the baseline's settings
 
 
 def test_intervals_of_niah_accuracies_and_of_their_gains_by_hand():
