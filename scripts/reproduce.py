@@ -489,9 +489,10 @@ def check_settings(args):
             if e.code:  # the script printed its message above
                 sys.exit(f"reproduce.py: {script} refuses these settings: {' '.join(argv)}")
     given = cli.parse(words("--extra", args.extra), train.Settings, train.fail)  # train.py's own one-line errors
-    for key in ("max_iters", "keep_at"):
+    for key in ("max_iters", "keep_at", "branch_at"):
         if key in given:
-            sys.exit(f"reproduce.py: --extra: --{key} is set for each stage from --tokens (and --maturity)")
+            sys.exit(f"reproduce.py: --extra: --{key} is set for each stage from --tokens (and --maturity, "
+                     f"--long_niah)")
     if "window" in given:
         sys.exit("reproduce.py: --extra: --window is reproduce.py's own setting (--window=N)")
     for key in ("long_block_size", "long_frac"):

@@ -193,7 +193,8 @@ def test_new_evaluation_settings_rerun_the_evaluations_alone_and_bad_ones_stop_f
     fresh = [a for a in args if not a.startswith(("--work", "--results"))] + [f"--work={tmp_path}", f"--results={tmp_path}"]
     for bad, says in (("--niah=--lengths=abc", "niah.py refuses these settings"), ("--extra=\"", "--extra="),
                       ("--extra=--block_size=0", "--block_size=0"), (f"--eval_extra=--mc_dir={d / 'mc'} --max_windows=0", "evaluate.py refuses"),
-                      ("--extra=--max_iters=5", "--max_iters is set for each stage")):
+                      ("--extra=--max_iters=5", "--max_iters is set for each stage"),
+                      ("--extra=--branch_at=3", "--branch_at is set for each stage")):
         assert says in refused([a for a in fresh if not a.startswith(bad.split("=")[0] + "=")] + [bad]), bad
         assert not os.path.exists(tmp_path / "gla" / "stage1.log")  # refused before any step
     import checkpoint
