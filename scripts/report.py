@@ -964,6 +964,8 @@ def main(argv=None):
             lines.append(f"- {label(n, r)}{' (earlier run)' if r is earlier.get(n) else ''}: {r['machine']}, "
                          f"{r['date']}, commit {r['commit']}: `{r['command']}`"
                          + (f", {spent:,.0f} s in its steps" if spent else "")
+                         + (f", started from {b['run']}'s stage 3 at step {b['stage3_step']:,}"
+                            if (b := r.get("branched_from")) else "")
                          + (f". Incomplete: {r['incomplete']}" if r.get("incomplete") else ""))
     report = "\n".join(lines) + "\n"
     with open(out, "w") as f:

@@ -794,6 +794,7 @@ def test_the_report_sets_long_context_runs_beside_their_baselines_and_draws_them
     r = tmp_path / "r"
     r.mkdir()
     runs = {**pair("gated_deltanet", GDN, (0.82, 0.7, 0.8, 0.6, 0.3)), **pair("gla", ZERO, ZERO)}
+    runs["gla_long2048"]["branched_from"] = {"run": "gla", "stage3_step": 2106}  # trained the long steps alone
     teacher = {"name": "teacher_long", "machine": "m", "date": "d", "commit": "c", "command": "python scripts/reproduce.py",
                "settings": {"niah": reproduce.NIAH_LONG}, "teacher": niah_run("t", "t", (1.0, 1.0, 1.0, 0.98, 0.9))["after_sft"]}
     for n, run_ in {**runs, "teacher_long": teacher}.items():
@@ -814,6 +815,7 @@ def test_the_report_sets_long_context_runs_beside_their_baselines_and_draws_them
     assert "only Gated DeltaNet keeps a passkey at 2k, 81.8%, falling to 29.8% at 4k after 10B tokens" in long
     assert "![passkey by length, long-context runs against their baselines](../assets/study_long.png)" in long
     assert "only for the delta rule: Gated DeltaNet" in long
+    assert "`python scripts/reproduce.py`, started from gla's stage 3 at step 2,106\n" in long
     lines = {name: (ls, colour, xs) for name, ls, colour, xs in panels[-1][1]}  # after SFT
     base, longer = lines["Gated DeltaNet"], lines["Gated DeltaNet, last 25% of stage 3 at 2048"]
     assert base[0] == "--" and longer[0] == "-" and base[1] == longer[1] != lines["GLA"][1]  # a colour a student
