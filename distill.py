@@ -138,10 +138,16 @@ def steps(stage, data_dir, tokens_per_step):
 # Xiong et al. 2023, Effective Long-Context Scaling of Foundation Models, arXiv 2309.16039.)
 
 
+def long_start(max_iters, frac):
+    """The first long step (0-based) of max_iters steps whose last frac, rounded, are long: where
+    train.py switches, and where a baseline keeps the checkpoint a long run starts from."""
+    return max_iters - round(frac * max_iters)
+
+
 def long_steps(s):
     """How many of a run's last steps are at --long_block_size: long_frac of max_iters, rounded (0
     with the setting off)."""
-    return round(s.long_frac * s.max_iters) if s.long_block_size else 0
+    return s.max_iters - long_start(s.max_iters, s.long_frac) if s.long_block_size else 0
 
 
 def length_at(step, s):

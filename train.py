@@ -524,7 +524,7 @@ def main(argv=None, after_step=None):
             log(meter.line(step, loss_val, lr))
         # kept steps are evaluated, and so is the switch to --long_block_size (the loss before it)
         kept = str(step) in s.keep_at.split(",") + s.branch_at.split(",") or (
-            s.long_block_size and step == s.max_iters - distill.long_steps(s))
+            s.long_block_size and step == distill.long_start(s.max_iters, s.long_frac))
         if master and (step % s.eval_interval == 0 or step == s.max_iters or kept):
             clock.mark("steps", wait)
             eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)

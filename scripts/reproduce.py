@@ -699,6 +699,7 @@ def main(argv=None):
 
     import torch
 
+    import distill
     import train
 
     py = sys.executable
@@ -750,8 +751,8 @@ def main(argv=None):
         pipe.after = lambda: write_results(out, result, pipe, args, ckpt, t0)
         pipe.after()  # what an earlier, cut run of these settings left
         stage3_eval = os.path.join(pipe.dir, "stage3.eval.json")
-        def switch(frac):  # the first long step of stage 3 (distill.length_at's)
-            return steps["3"] - round(frac * steps["3"])
+        def switch(frac):  # the first long step of stage 3, where train.py switches
+            return distill.long_start(steps["3"], frac)
 
         if args.long_context:
             branch(args, pipe, result["settings"], switch(args.long_frac))
