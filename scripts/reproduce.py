@@ -195,11 +195,15 @@ class Pipeline:
             print("\n".join(f"  {t}" for t in tail), file=sys.stderr)
             sys.exit(f"reproduce.py: step {name} failed ({error}); its log: {log}; "
                      f"the same command goes on from this step")
-        self.done[name] = {"seconds": time.time() - t0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": key,
-                           "split": out.split}
-        write_json(self.state_path, {"settings": self.settings, "steps": self.done})
+        self.record(name, time.time() - t0, key=key, split=out.split)
         if self.after:
             self.after()
+
+    def record(self, name, seconds, **entry):
+        """Step `name` done in so many seconds (with entry's fields), in done.json at once."""
+        self.done[name] = {"seconds": seconds, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": None,
+                           "split": None, **entry}
+        write_json(self.state_path, {"settings": self.settings, "steps": self.done})
 
 
 class StepOutput(io.TextIOBase):
@@ -565,9 +569,7 @@ def branch(args, pipe, settings, switch):
         except OSError:
             shutil.copyfile(src, os.path.join(mine, dst))
     for s in ("1", "2"):
-        pipe.done[f"stage{s}"] = {"seconds": 0.0, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "key": None,
-                                  "split": None, "from": name, "at": switch}
-    write_json(pipe.state_path, {"settings": pipe.settings, "steps": pipe.done})
+        pipe.record(f"stage{s}", 0.0, **{"from": name, "at": switch})
     print(f"stages 1 and 2, and stage 3's first {switch} steps: {name}'s, from {base}", flush=True)
 
 
