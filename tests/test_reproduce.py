@@ -450,6 +450,26 @@ def test_a_gap_within_the_run_to_run_difference_is_not_a_finding():
     assert "kda" not in report.replicates(runs, earlier)
 
 
+def test_a_student_measured_to_8k_is_compared_at_the_studys_lengths():
+    runs = {n: fake(0.8, [0.5, 0.0, 0.0, 0.0]) for n in report.ORDER[:7]}
+    runs["gated_deltanet"] = fake(0.95, [1.0, 0.9, 0.5, 0.1])  # mean 62.5% over 512 to 4k
+    for n, r in runs.items():
+        r.update(command=f"reproduce.py --mixer={n}", date="2026-12-05")
+    earlier = json.loads(json.dumps(runs))
+    before = report.findings(runs, report.noise(report.replicates(runs, earlier)))
+    for m in (runs["gated_deltanet"]["after_stage3"], runs["gated_deltanet"]["after_sft"]):
+        m["niah"] = {"s_niah_1": {**m["niah"]["s_niah_1"], "8192": 0.0}}  # a baseline run with --long_niah
+    runs["gated_deltanet"]["after_sft_kd"] = json.loads(json.dumps(runs["gated_deltanet"]["after_sft"]))
+    runs["gated_deltanet"]["after_sft_kd"]["niah"]["s_niah_1"]["8192"] = 1.0  # beyond the study's lengths: no move
+    pairs = report.replicates(runs, earlier)
+    assert report.noise(pairs)["passkey"] == 0  # 62.5% in both runs, not 50% against 62.5%
+    assert report.findings(runs, report.noise(pairs)).splitlines()[:5] == before.splitlines()[:5]
+    assert "Gated DeltaNet 62.5%, " in before.splitlines()[1]
+    assert "mean passkey 62.5% vs 62.5% (level)" in report.findings(runs).splitlines()[-1]
+    assert "| Gated DeltaNet | 2026-12-05, 2026-12-05 | 95.0 [93.0, 97.0] | 95.0 [93.0, 97.0] | +0.0 | 62.5 | 62.5 | " \
+        "+0.0 |" in report.replicate_table(pairs)
+
+
 def test_the_report_skips_files_that_are_not_runs(tiny, tmp_path, capsys):
     d, _, _ = tiny
     (tmp_path / "r").mkdir()
