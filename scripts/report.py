@@ -395,12 +395,16 @@ def gain(base, new):
             d + ((new[2] - new[0]) ** 2 + (base[0] - base[1]) ** 2) ** 0.5]
 
 
-def baseline(run, runs):
+def baseline(name, run, runs):
     """The name of a long-context run's baseline in runs: the same student, recipe and budget
-    (RECIPE) without --long_context; None when there is none."""
+    (RECIPE) without --long_context; first the run it started from (its "branched_from"), then the
+    one whose name it extends (reproduce.py names it <baseline>_long<L>), then any such run; None
+    when there is none."""
     s = run["settings"]
-    return next((n for n, r in runs.items() if "teacher" not in r and not r.get("settings", {}).get("long_context")
-                 and all(r.get("settings", {}).get(k) == s.get(k) for k in RECIPE)), None)
+    first = [n for n in ((run.get("branched_from") or {}).get("run"), name.rsplit("_long", 1)[0]) if n in runs]
+    return next((n for n in first + list(runs) if "teacher" not in runs[n]
+                 and not runs[n].get("settings", {}).get("long_context")
+                 and all(runs[n].get("settings", {}).get(k) == s.get(k) for k in RECIPE)), None)
 
 
 def pair_after(base, long):
@@ -417,7 +421,7 @@ def long_pairs(runs):
     may be None (a passkey not measured on both)."""
     out = []
     for n, r in runs.items():
-        if r.get("settings", {}).get("long_context") and (b := baseline(r, runs)):
+        if r.get("settings", {}).get("long_context") and (b := baseline(n, r, runs)):
             out.append((n, b, pair_after(runs[b], r)))
     return out
 

@@ -690,6 +690,21 @@ def test_long_context_runs_are_keyed_apart_from_their_baselines():
         "Gated DeltaNet, last 25% of stage 3 at 2048"
 
 
+def test_a_long_context_run_is_set_beside_the_baseline_it_started_from():
+    # two runs of the same recipe: the one the long run extends by name, else the one it branched from
+    runs = {"gated_deltanet_rerun": niah_run("gated_deltanet_rerun", "gated_deltanet", ZERO),
+            **pair("gated_deltanet", GDN, GDN)}
+    assert report.long_pairs(runs)[0][:2] == ("gated_deltanet_long2048", "gated_deltanet")
+    runs["gated_deltanet_long2048"]["branched_from"] = {"run": "gated_deltanet_rerun", "stage3_step": 2106}
+    assert report.long_pairs(runs)[0][:2] == ("gated_deltanet_long2048", "gated_deltanet_rerun")
+    runs["gated_deltanet_long2048"]["branched_from"]["run"] = "gone"  # not among the results: by name
+    assert report.long_pairs(runs)[0][:2] == ("gated_deltanet_long2048", "gated_deltanet")
+    del runs["gated_deltanet"]  # no such name either: any run of the same recipe
+    assert report.long_pairs(runs)[0][:2] == ("gated_deltanet_long2048", "gated_deltanet_rerun")
+    runs["gated_deltanet_rerun"]["settings"]["tokens"] = 50_000_000  # another budget: none
+    assert report.long_pairs(runs) == []
+
+
 def test_bad_long_context_settings_stop_in_one_line_before_any_step(tiny_inputs, tmp_path):
     d, args = tiny_inputs
     fresh = [a for a in args if not a.startswith(("--work", "--results"))] + [f"--work={tmp_path}", f"--results={tmp_path}"]
