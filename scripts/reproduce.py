@@ -51,7 +51,7 @@ A baseline run whole with --long_niah also keeps stage 3's whole checkpoint at t
 long last quarter and half (BRANCH_FRACS) and of --long_frac if given (train.py --branch_at); a long-context run of the same recipe in the same --work then
 starts there: stages 1 and 2, stage 3's steps before the switch and its maturity points are the
 baseline's files (linked; 0 s in its time table, and its JSON's "branched_from" names them),
-which are what it would train itself (to the bit in tests/test_reproduce.py's tiny CPU run), and
+which are what it would train itself (to the bit in tests/test_long_context.py's tiny CPU run), and
 it trains only the long steps.
 Instruction-aware distillation (--sft_kd): from the same stage-3 student, train.py's stage
 sft_kd (SFT's data, length and budget; CE + KL to the instruction-tuned teacher on the
