@@ -180,11 +180,9 @@ def settings(argv):
 # settings with a range or a form: (key, test, what the error says is expected)
 RANGES = [
     ("dtype", lambda v: v in ("bfloat16", "float32"), "bfloat16 or float32"),
-    ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine"),
-    ("keep_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
-     "step numbers such as 1000,2000"),
-    ("branch_at", lambda v: all(k.isdigit() for k in v.split(",")) if v else True,
-     "step numbers such as 1000,2000")] + [
+    ("schedule", lambda v: v in ("wsd", "cosine"), "wsd or cosine")] + [
+    (k, lambda v: all(n.isdigit() for n in v.split(",")) if v else True,
+     "step numbers such as 1000,2000") for k in ("keep_at", "branch_at")] + [
     (k, lambda v: v >= 1, "an integer >= 1") for k in (
         "block_size", "batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval",
         "window", "max_iters")] + [
