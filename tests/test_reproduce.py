@@ -582,9 +582,6 @@ def test_the_report_draws_maturity_and_sets_instruction_aware_distillation_besid
     assert "No run has instruction-aware distillation (after_sft_kd)." in text
 
 
-# ---------------------------------------------------------------------------------------------
-# Long-context distillation: reproduce.py's keys, report.py's pairs, verdict and figure
-
 def test_maturity_points_outside_stage_3_stop_in_one_line_before_any_step(tiny_inputs, tmp_path):
     d, args = tiny_inputs  # 4k tokens: stages 1 and 2 take whole steps of 64 tokens before stage 3
     fresh = [a for a in args if not a.startswith(("--work", "--results", "--maturity="))]
