@@ -51,6 +51,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import shlex
 import sys
 
@@ -617,12 +618,16 @@ ADDED_ARMS = ("maturity", "sft_kd")  # settings that add work beside a run and c
 
 def recipe(run):
     """What a run trains and measures: its settings but the added arms (maturity points keep weights
-    along stage 3, sft_kd fine-tunes a second copy of its stage-3 student), or its command where it
-    has no settings."""
+    along stage 3, sft_kd fine-tunes a second copy of its stage-3 student) and its NIAH lengths past
+    the study's (--long_niah measures to 8k beside the same ones), or its command where it has no
+    settings."""
     if "settings" not in run:
         return run.get("command")
     out = {k: v for k, v in run["settings"].items() if k not in ADDED_ARMS}
     out["steps"] = {k: v for k, v in out.get("steps", {}).items() if k not in ADDED_ARMS}
+    if isinstance(out.get("niah"), str):
+        out["niah"] = re.sub(r"--lengths=([\d,]+)", lambda m: "--lengths=" + ",".join(
+            L for L in m.group(1).split(",") if int(L) <= STUDY_LONGEST), out["niah"])
     return out
 
 

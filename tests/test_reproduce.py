@@ -392,6 +392,13 @@ def test_a_gap_within_the_run_to_run_difference_is_not_a_finding():
     runs["kda"]["settings"] = {**settings, "maturity": {"12484608": 137}, "sft_kd": True,
                                "steps": {**settings["steps"], "sft_kd": 305}}
     assert "kda" in report.replicates(runs, earlier)
+    niah = "--tasks=s_niah_1,s_niah_3 --lengths=512,1024,2048,4096{} --depths=0,25,50,75,100 --samples=10"
+    earlier["kda"]["settings"]["niah"] = niah.format("")
+    runs["kda"]["settings"]["niah"] = niah.format(",8192")  # --long_niah: the same lengths and one more
+    assert "kda" in report.replicates(runs, earlier)
+    runs["kda"]["settings"]["niah"] = niah.format("").replace("--samples=10", "--samples=20")
+    assert "kda" not in report.replicates(runs, earlier)  # the study's lengths measured otherwise
+    runs["kda"]["settings"]["niah"] = niah.format("")
     runs["kda"]["settings"]["tokens"] = 50_000_000  # another budget: not a replicate
     assert "kda" not in report.replicates(runs, earlier)
 
