@@ -177,6 +177,11 @@ def points(share):
     return f"{100 * share:.1f}".removesuffix(".0")
 
 
+def with_interval(v):
+    """An accuracy [value, low, high] as '47% [40.2, 53.9]': the value in points, its 95% interval."""
+    return f"{points(v[0])}% [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+
+
 def interval(v):
     """[value, low, high] in percent with its interval: '95.2 [92.9, 97.5]'; '-' where missing."""
     return "-" if v is None else f"{pct(v)} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
@@ -720,35 +725,37 @@ def findings(runs, floor=None):
     seven = [n for n in ORDER[:7] if got[n][0]]
     cut = [n for n in seven if got[n][1]]  # stand in with their NIAH after stage 3, marked
     mean = {n: mean_accuracy(got[n][0]) for n in seven}
-    ranks = ", ".join(f"{NAMES[n]} {points(mean[n])}%" + (" (after stage 3)" if n in cut else "")
+    ci = {n: niah_interval(mean[n], prompts(runs[n]) * len(got[n][0])) for n in seven}  # every prompt pooled
+    ranks = ", ".join(f"{NAMES[n]} {with_interval(ci[n])}" + (" (after stage 3)" if n in cut else "")
                       for n in sorted(mean, key=mean.get, reverse=True))
     study = {n: mean_accuracy(a) for n, a in STUDY_PASSKEY.items() if len(a) == 4}  # every length reported
     ranks += "; the study at 10B tokens: " + ", ".join(f"{NAMES[n]} {study[n]:.0f}%" for n in
                                                         sorted(study, key=study.get, reverse=True))
+    claim = ("Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT, with Wilson's 95% "
+             "interval over all its prompts; holds if Gated DeltaNet's lies above every other student's)")
     if len(seven) < 7:
-        out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): not measured "
-                   f"({len(seven)} of the seven mixers measured). {ranks}".rstrip())
+        out.append(f"- {claim}: not measured ({len(seven)} of the seven mixers measured). {ranks}".rstrip())
     else:
-        top = max(mean.values())
-        best = [n for n in seven if mean[n] == top]
-        verdict = "does not hold" if "gated_deltanet" not in best else "holds" if len(best) == 1 else \
-            "tied: " + " and ".join(NAMES[n] for n in best) + " share the best"
-        # the gap that decides it: Gated DeltaNet's lead over the next, or its distance from the best
-        rival = max(v for n, v in mean.items() if n != "gated_deltanet")
-        if key_floor is not None and abs(mean["gated_deltanet"] - rival) <= key_floor and "tied" not in verdict:
+        # holds: Gated DeltaNet's interval above every other's; does not hold: another's above its
+        gdn, others = ci["gated_deltanet"], [n for n in seven if n != "gated_deltanet"]
+        rival = max(others, key=mean.get)  # the gap that decides it: its lead over the next, or the best's over it
+        verdict = "holds" if gdn[1] > max(ci[n][2] for n in others) else \
+            "does not hold" if any(ci[n][1] > gdn[2] for n in others) else \
+            (f"not settled (Gated DeltaNet {with_interval(gdn)} against {NAMES[rival]} "
+             f"{with_interval(ci[rival])}: the 95% intervals overlap)")
+        if key_floor is not None and abs(mean["gated_deltanet"] - mean[rival]) <= key_floor:
             verdict = (f"not settled (Gated DeltaNet {points(mean['gated_deltanet'])}% against "
-                       f"{points(rival)}%, a gap within the run-to-run difference)")
+                       f"{points(mean[rival])}%, a gap within the run-to-run difference)")
         if cut:
             verdict += ", with " + " and ".join(NAMES[n] for n in cut) + " judged after stage 3 (after SFT not measured)"
-        out.append(f"- Gated DeltaNet keeps retrieval best (mean passkey accuracy over lengths, after SFT): "
-                   f"{verdict}. {ranks}{spread(key_floor, floor)}")
+        out.append(f"- {claim}: {verdict}. {ranks}{spread(key_floor, floor)}")
     for n in ("linear_attention", "retnet"):
         p, late = passkey(runs.get(n) or {})
         when = "after stage 3; after SFT not measured" if late else "after SFT"
         if not p:
             out.append(f"- {NAMES[n]} loses retrieval past 512 tokens: not measured.")
             continue
-        acc = dict(by_length(p))
+        acc, n_prompts = dict(by_length(p)), prompts(runs[n])
         past = {L: a for L, a in acc.items() if L > 512}
         verdict = "not measured" if not past else "holds" if max(past.values()) <= COLLAPSE else "does not hold"
         if verdict == "holds" and acc.get(512, 1) <= COLLAPSE:
@@ -756,7 +763,7 @@ def findings(runs, floor=None):
         study = ", ".join(f"{L}: {a:.0f}%" for L, a in STUDY_PASSKEY[n].items())
         out.append(f"- {NAMES[n]} loses retrieval past 512 tokens (passkey at most {100 * COLLAPSE:.0f}% at each "
                    f"longer length, {when}): {verdict}. "
-                   + ", ".join(f"{L}: {100 * a:.0f}%" for L, a in acc.items())
+                   + ", ".join(f"{L}: {with_interval(niah_interval(a, n_prompts))}" for L, a in acc.items())
                    + f" (the study at 10B tokens: {study})")
     out += [gaps(runs), instruction_aware(runs)]
     return "\n".join(out)

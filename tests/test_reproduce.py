@@ -311,10 +311,15 @@ def fake(recovery, passkey):
 
 
 def test_findings_are_judged_from_the_numbers():
+    def judged(runs):  # each with niah.py's settings of a study run: 50 prompts a length
+        for r in runs.values():
+            r["settings"] = {"niah": "--tasks=s_niah_1,s_niah_3 --depths=0,25,50,75,100 --samples=10"}
+        return report.findings(runs).splitlines()
+
     runs = {n: fake(0.8, [0.5, 0.0, 0.0, 0.0]) for n in report.ORDER[:7]}
     runs["gla"] = fake(0.9, [0.2, 0.1, 0.0, 0.0])
     runs["gated_deltanet"] = fake(0.95, [1.0, 0.9, 0.5, 0.1])
-    lines = report.findings(runs).splitlines()
+    lines = judged(runs)
     assert lines[0].startswith("- Gated beats ungated") and ": holds." in lines[0]  # intervals of +-2 points apart
     assert "Gated DeltaNet keeps retrieval best" in lines[1] and ": holds." in lines[1]
     assert all(": holds." in line for line in lines[2:4])  # LA and RetNet: 0% past 512, 50% at 512
@@ -323,37 +328,54 @@ def test_findings_are_judged_from_the_numbers():
     assert "; the study at 10B tokens: Gated DeltaNet 77%, mLSTM 52%, DeltaNet 49%, KDA 11%, GLA 3%, " \
            "Linear Attention 0%" in lines[1]
     runs["linear_attention"] = fake(0.8, [0.04, 0.0, 0.0, 0.0])
-    assert ": holds, and it finds at most 5% at 512 too." in report.findings(runs).splitlines()[2]
+    assert ": holds, and it finds at most 5% at 512 too." in judged(runs)[2]
     cut = fake(0.8, [0.5, 0.3, 0.0, 0.0])  # a run whose NIAH after SFT did not finish: judged after stage 3
     runs["retnet"] = {"after_stage3": cut["after_stage3"], "after_sft": {**cut["after_sft"], "niah": {}}}
-    lines = report.findings(runs).splitlines()
+    lines = judged(runs)
     assert "(passkey at most 5% at each longer length, after stage 3; after SFT not measured): does not hold. " \
-           "512: 50%, 1024: 30%" in lines[3]
+           "512: 50% [" in lines[3] and "], 1024: 30% [" in lines[3]
     # the retrieval ranking takes it after stage 3 too, and says so in the verdict and beside its number
     assert ": holds, with RetNet judged after stage 3 (after SFT not measured). " in lines[1]
-    assert "Gated DeltaNet 62.5%, RetNet 20% (after stage 3), " in lines[1]
+    assert "Gated DeltaNet 62.5% [" in lines[1] and "], RetNet 20% [" in lines[1] and "] (after stage 3), " in lines[1]
     runs["retnet"]["after_stage3"] = fake(0.8, [1.0, 1.0, 1.0, 1.0])["after_stage3"]  # its stand-in can win
-    assert ": does not hold, with RetNet judged after stage 3 (after SFT not measured). RetNet 100% (after stage 3)" \
-        in report.findings(runs).splitlines()[1]
+    assert ": does not hold, with RetNet judged after stage 3 (after SFT not measured). RetNet 100% [98.1, 100.0] (after stage 3)" \
+        in judged(runs)[1]
     runs["retnet"] = fake(0.8, [0.5, 0.0, 0.0, 0.0])
     runs["gla"] = fake(0.81, [0.2, 0.1, 0.0, 0.0])  # [79, 83] against Linear Attention's [78, 82]
-    line = report.findings(runs).splitlines()[0]  # one pair apart, the other overlapping: each marked
+    line = judged(runs)[0]  # one pair apart, the other overlapping: each marked
     assert ": not settled at this budget (the 95% intervals of 1 of 2 pairs overlap)." in line
     assert "GLA 81.0% [79.0, 83.0] vs Linear Attention 80.0% [78.0, 82.0] (intervals overlap)" in line
     assert "Gated DeltaNet 95.0% [93.0, 97.0] vs DeltaNet 80.0% [78.0, 82.0] (holds)" in line
     runs["deltanet"] = fake(1.0, [1.0, 0.9, 0.5, 0.1])  # ungated DeltaNet above its gated twin, tied on the passkey
-    lines = report.findings(runs).splitlines()
-    assert ": does not hold." in lines[0] and "tied: DeltaNet and Gated DeltaNet share the best" in lines[1]
+    lines = judged(runs)
+    assert ": does not hold." in lines[0] and ": not settled (Gated DeltaNet 62.5% [55.6, 68.9] against DeltaNet 62.5% " \
+        "[55.6, 68.9]: the 95% intervals overlap)." in lines[1]
     runs["deltanet"] = fake(1.0, [1.0, 1.0, 1.0, 1.0])
     runs["retnet"] = fake(0.8, [0.5, 0.3, 0.0, 0.0])
-    lines = report.findings(runs).splitlines()
+    lines = judged(runs)
     assert ": does not hold." in lines[1] and ": does not hold." in lines[3]
     del runs["kda"]
-    assert "not measured (6 of the seven mixers measured). DeltaNet 100%, Gated DeltaNet 62.5%" in report.findings(runs).splitlines()[1]
+    assert "not measured (6 of the seven mixers measured). DeltaNet 100% [98.1, 100.0], Gated DeltaNet 62.5% [" \
+        in judged(runs)[1]
     del runs["gla"]  # one pair of two left: judged alone, and said so
-    assert ": does not hold for the 1 of 2 pairs measured." in report.findings(runs).splitlines()[0]
+    assert ": does not hold for the 1 of 2 pairs measured." in judged(runs)[0]
     del runs["deltanet"]
-    assert ": not measured." in report.findings(runs).splitlines()[0]
+    assert ": not measured." in judged(runs)[0]
+
+
+def test_retrieval_is_judged_on_wilson_intervals_over_every_prompt():
+    runs = {n: fake(0.8, [0.2, 0.1, 0.2, 0.0]) for n in report.ORDER[:7]}  # 12.5%: 25 needles of 200
+    runs["gated_deltanet"] = fake(0.95, [1.0, 0.9, 0.5, 0.1])  # 62.5%: 125 of 200
+    for r in runs.values():
+        r["settings"] = {"niah": "--tasks=s_niah_1 --depths=0,25,50,75,100 --samples=10"}  # 50 prompts a length
+    lines = report.findings(runs).splitlines()
+    assert ": holds. Gated DeltaNet 62.5% [55.6, 68.9], " in lines[1] and ", KDA 12.5% [8.6, 17.8]" in lines[1]
+    assert "512: 20% [11.2, 33.0], 1024: 10% [4.3, 21.4]" in lines[2]  # Linear Attention's, by length
+    runs["kda"] = {**fake(0.8, [0.9, 0.8, 0.4, 0.1]), "settings": runs["kda"]["settings"]}  # 55%: 110 of 200
+    assert ": not settled (Gated DeltaNet 62.5% [55.6, 68.9] against KDA 55% [48.1, 61.7]: the 95% intervals " \
+           "overlap)." in report.findings(runs).splitlines()[1]
+    runs["kda"] = {**fake(0.8, [1.0, 1.0, 0.9, 0.9]), "settings": runs["kda"]["settings"]}  # 95%: above
+    assert ": does not hold. KDA 95% [" in report.findings(runs).splitlines()[1]
 
 
 def test_a_gap_within_the_run_to_run_difference_is_not_a_finding():
@@ -417,7 +439,7 @@ def test_a_student_measured_to_8k_is_compared_at_the_studys_lengths():
     pairs = report.replicates(runs, earlier)
     assert report.noise(pairs)["passkey"] == 0  # 62.5% in both runs, not 50% against 62.5%
     assert report.findings(runs, report.noise(pairs)).splitlines()[:5] == before.splitlines()[:5]
-    assert "Gated DeltaNet 62.5%, " in before.splitlines()[1]
+    assert "Gated DeltaNet 62.5% [" in before.splitlines()[1]
     assert "mean passkey 62.5% vs 62.5% (level)" in report.findings(runs).splitlines()[-1]
     assert "| Gated DeltaNet | 2026-12-05, 2026-12-05 | 95.0 [93.0, 97.0] | 95.0 [93.0, 97.0] | +0.0 | 62.5 | 62.5 | " \
         "+0.0 |" in report.replicate_table(pairs)
