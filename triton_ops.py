@@ -2091,6 +2091,7 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 so autograd's backward is one multiply by the incoming scalar (distill_loss).
 
 
+# The stacked projection's rows are padded to a multiple of ROW_ALIGN
 # channels. Triton's JIT proves 16-byte rows when a row stride divides by 16, and on a GPU
 # Inductor pads a compiled product's rows to 128 bytes (torch._inductor.config.
 # padding_alignment_bytes) where an operator of ours must see the strides it saw in eager: a row
