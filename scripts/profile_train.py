@@ -110,7 +110,8 @@ def write(prof, s, cuda, args, n, wall, what, unit, suffix):
                f"{'device' if cuda else 'CPU in ops'} busy {busy * 1000:.1f} ms {unit} ({busy / wall:.0%})")
     base = train.ckpt_path(s)[:-3] + suffix
     with open(base + ".txt", "w") as f:
-        f.write(summary + "\n\n" + ops.table(sort_by=key, row_limit=args.rows) + "\n")
+        # names whole: Inductor names a fused kernel after the operators in it, past the default 55 characters
+        f.write(summary + "\n\n" + ops.table(sort_by=key, row_limit=args.rows, max_name_column_width=160) + "\n")
     prof.export_chrome_trace(base + ".json")
     print(f"{summary}\nwrote {base}.txt and {base}.json", flush=True)
 

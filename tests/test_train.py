@@ -11,6 +11,7 @@ they were, and resumes bitwise from either side of the switch.
 
 import math
 import os
+import re
 import shutil
 
 import numpy as np
@@ -512,6 +513,9 @@ def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
     base = out / "attention" / "stagelm"
     table = (base.parent / (base.name + "_profile.txt")).read_text()
     assert table.startswith("profile: 2 steps after 3 warm-up") and "aten::mm" in table
+    names = [re.split(r"\s{2,}", line.strip())[0] for line in table.splitlines()[5:] if line.strip()
+             and not line.startswith("-")]
+    assert max(map(len, names)) > 55 and not any(n.endswith("...") for n in names)  # whole, not cut at 55
     trace = (base.parent / (base.name + "_profile.json")).read_text()
     assert '"traceEvents"' in trace and "aten::mm" in trace
     assert not (base.parent / (base.name + ".pt")).exists()  # a measurement writes no checkpoint
