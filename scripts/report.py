@@ -177,14 +177,19 @@ def points(share):
     return f"{100 * share:.1f}".removesuffix(".0")
 
 
+def bounds(v):
+    """The interval of [value, low, high] in percent: '[92.9, 97.5]'."""
+    return f"[{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+
+
 def with_interval(v):
     """An accuracy [value, low, high] as '47% [40.2, 53.9]': the value in points, its 95% interval."""
-    return f"{points(v[0])}% [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+    return f"{points(v[0])}% {bounds(v)}"
 
 
 def interval(v):
     """[value, low, high] in percent with its interval: '95.2 [92.9, 97.5]'; '-' where missing."""
-    return "-" if v is None else f"{pct(v)} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+    return "-" if v is None else f"{pct(v)} {bounds(v)}"
 
 
 def table(runs, after):
@@ -632,7 +637,7 @@ def recipe(run):
     out["steps"] = {k: v for k, v in out.get("steps", {}).items() if k not in ADDED_ARMS}
     if isinstance(out.get("niah"), str):
         out["niah"] = re.sub(r"--lengths=([\d,]+)", lambda m: "--lengths=" + ",".join(
-            L for L in m.group(1).split(",") if int(L) <= STUDY_LONGEST), out["niah"])
+            study_lengths(dict.fromkeys(m.group(1).split(",")))), out["niah"])
     return out
 
 
