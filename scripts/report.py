@@ -792,7 +792,7 @@ def save(fig, axes, ylabel, path):
         for handle, label_ in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(label_, handle)
     if legend:
-        axes[-1].legend(legend.values(), legend.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+        axes[-1].legend(legend.values(), legend.keys(), fontsize=7, handlelength=4, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
