@@ -453,9 +453,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
 
 @triton_twin
 def in_projection(x, weight, widths):
-    """x [B, T, C] times the stacked projections of a layer, weight [N, C], cut into the parts
-    of these widths (summing to N): [B, T, width] each. Twin: q, k, v as a product of its own, the
-    rest as a second, its rows padded in memory so that the kernels read aligned slices of it."""
+    """x [B, T, C] times the stacked projections of a layer, weight [N, C], in parts of these
+    widths (summing to N), [B, T, width] each. Twin: rows padded for aligned loads, two products."""
     return F.linear(x, weight).split(list(widths), -1)
 
 
