@@ -64,10 +64,9 @@ Sections:
     3. Delta-rule family: kernels, custom operators, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
     5. Training glue, fused: in_projection (the layers' stacked projection, its rows padded for
-       aligned loads; two products where a gradient is asked for, so that x's is one add),
-       short_conv (mixers.short_conv from a zero past; also cutting q, k, v and L2-normalizing
-       q and k), distill_loss, distill_loss_grad and head_loss (distill.py's stage-3 loss;
-       head_loss applies the LM heads a slice of rows at a time), rms_norm_gate
+       aligned loads), short_conv (mixers.short_conv from a zero past; also cutting q, k, v and
+       L2-normalizing q and k), distill_loss, distill_loss_grad and head_loss (distill.py's
+       stage-3 loss; head_loss applies the LM heads a slice of rows at a time), rms_norm_gate
        (the mixers' output norm and gate), l2_normalize (the delta rules' q and k without a
        conv), softplus_decay and sigmoid_decay (the log decays of Gated DeltaNet and KDA)
 """
@@ -2092,7 +2091,7 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 #                 so autograd's backward is one multiply by the incoming scalar (distill_loss).
 
 
-# The projection's rows are padded to a multiple of ROW_ALIGN
+# The stacked projection's rows are padded to a multiple of ROW_ALIGN
 # channels. Triton's JIT proves 16-byte rows when a row stride divides by 16, and on a GPU
 # Inductor pads a compiled product's rows to 128 bytes (torch._inductor.config.
 # padding_alignment_bytes) where an operator of ours must see the strides it saw in eager: a row
@@ -2101,32 +2100,20 @@ def recurrent_step_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=N
 ROW_ALIGN = 64
 
 
-def padded_linear(x, weight):
-    """F.linear(x, weight), a view of a product whose rows are padded to a multiple of ROW_ALIGN
-    channels (zero rows of the weight). Its gradient is the padded product's, the padding's
-    columns zero."""
+def in_projection(x, weight):
+    """x [B, T, C] times the stacked projections of a layer, weight [N, C] -> [B, T, N], as
+    F.linear, but a view of a product whose rows are padded to a multiple of ROW_ALIGN channels
+    (zero rows of the weight): the kernels that read q, k, v and the gate as slices of it then
+    load 16 bytes at a time, where an odd row stride (2,322 for Gated DeltaNet) leaves them
+    2-byte loads. The values, and the weight's gradient, are F.linear's. The padding is split
+    off rather than sliced: the layer splits h again, and the gradient of both splits is one
+    cat (zeros for the padding), where a slice's gradient is a pass of its own."""
     n = weight.shape[0]
     pad = -n % ROW_ALIGN
-    if not pad:
-        return torch.nn.functional.linear(x, weight)
-    h = torch.nn.functional.linear(x, torch.cat([weight, weight.new_zeros(pad, weight.shape[1])]))
-    return h.split([n, pad], -1)[0]  # split, not sliced: the layer splits it again, one cat backward
-
-
-def in_projection(x, weight, widths):
-    """x [B, T, C] times the stacked projections of a layer, weight [N, C], cut into the parts of
-    these widths: mixers.in_projection, its parts views of products whose rows are padded to a
-    multiple of ROW_ALIGN channels, so that the kernels reading q, k, v and the gate as slices
-    load 16 bytes at a time. Where a gradient is asked for, it makes two products: q, k, v (the
-    first part, 3 H D rows) alone, and the rest. x's gradient is then the sum of the two
-    products' (one add), where one stacked product's would first cat every part's gradient into
-    one tensor as wide as all of them. Without one (evaluation, decoding) it makes one product, a
-    launch fewer. The values, and the weight's gradient, are F.linear's."""
-    widths = list(widths)
-    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) or len(widths) == 1:
-        return list(padded_linear(x, weight).split(widths, -1))
-    first, rest = widths[0], widths[1:]
-    return [padded_linear(x, weight[:first]), *padded_linear(x, weight[first:]).split(rest, -1)]
+    if pad:
+        weight = torch.cat([weight, weight.new_zeros(pad, weight.shape[1])])
+    h = torch.nn.functional.linear(x, weight)
+    return h.split([n, pad], -1)[0] if pad else h
 
 
 @triton.jit
