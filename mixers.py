@@ -452,10 +452,12 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
 
 
 @triton_twin
-def in_projection(x, weight):
-    """x [B, T, C] times the stacked projections of a layer, weight [N, C] -> [B, T, N]. Twin:
-    the same product, its rows padded in memory so that the kernels read aligned slices of it."""
-    return F.linear(x, weight)
+def in_projection(x, weight, widths):
+    """x [B, T, C] times the stacked projections of a layer, weight [N, C], cut into its parts
+    [B, T, width] of widths. Twin: the same products, their rows padded in memory so that the
+    kernels read aligned slices, and q, k, v a product of their own where a gradient is asked
+    for (x's gradient is then two products and no gather)."""
+    return F.linear(x, weight).split(list(widths), -1)
 
 
 @triton_twin
@@ -569,8 +571,8 @@ class MixerLayer(nn.Module):
         nothing more."""
         B, T, _ = x.shape
         backend = resolve_backend(self.backend, x)  # the one choice; every call below gets it
-        h = in_projection(x, self.in_proj.weight, backend=backend)  # [B, T, sum of the widths]
-        p = dict(zip(self.widths, h.split(list(self.widths.values()), -1)))  # [B, T, width] each
+        parts = in_projection(x, self.in_proj.weight, self.widths.values(), backend=backend)
+        p = dict(zip(self.widths, parts))  # [B, T, width] each
         q, k, v = self.heads(p["qkv"], cache, backend)  # [B, T, H, D] each
         q, k = self.qk_maps(q, k, rope)
         gates = self.gates(p, backend)  # the recurrence's arguments besides q, k, v

@@ -191,27 +191,37 @@ class Stop(Exception):
 
 @pytest.mark.parametrize("mixer", mixers.MIXERS)
 def test_in_projection_pads_rows_and_changes_nothing(mixer):
-    # at SmolLM2-135M's widths (in_proj holds 1,728 to 2,377 rows) the triton form's product has
-    # a row stride that divides by 16, and so have the slices of it the layer hands on (q, k, v
-    # and the gate), and one that is a whole number of Inductor's padding alignment in bf16 and
-    # fp32 (so that a compiled step keeps the eager strides and copies nothing); its values and
-    # the weight's gradient are F.linear's, which the torch form is
+    # at SmolLM2-135M's widths (in_proj holds 1,728 to 2,377 rows) the triton form's parts are
+    # slices of products whose row strides divide by 16 and are a whole number of Inductor's
+    # padding alignment in bf16 and fp32 (so that a compiled step keeps the eager strides and
+    # copies nothing); with a gradient asked for, q, k, v come from a product of their own; the
+    # values, and the gradients of x and the weight, are F.linear's and a split, the torch form
     import model
+    from torch._inductor import config as inductor
 
     cfg = model.Config(n_layer=1, vocab_size=64, mixer=mixer)
     torch.manual_seed(0)
     layer = mixers.LAYERS[mixer](cfg, 0).to(DEV)
-    w, rows = layer.in_proj.weight, layer.in_proj.weight.shape[0]
-    x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0)).to(DEV)
-    h, h_ref = triton_ops.in_projection(x, w), mixers.in_projection(x, w)
-    assert h.stride(1) == rows + (-rows % triton_ops.ROW_ALIGN) and h.stride(1) % 16 == 0
-    from torch._inductor import config as inductor
-
-    align = inductor.padding_alignment_bytes
-    assert all(h.stride(1) * size % align == 0 for size in (2, 4)), (h.stride(1), align)
-    dh = torch.randn(h.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
-    torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(torch.autograd.grad(h, w, dh)[0], torch.autograd.grad(h_ref, w, dh)[0])
+    w, widths = layer.in_proj.weight, list(layer.widths.values())
+    rows, align = w.shape[0], inductor.padding_alignment_bytes
+    x = torch.randn(2, 8, cfg.n_embd, generator=torch.Generator().manual_seed(0)).to(DEV).requires_grad_()
+    for grad in (False, True):  # the last pair, with gradients, is checked below
+        with torch.set_grad_enabled(grad):
+            parts, ref = triton_ops.in_projection(x, w, widths), mixers.in_projection(x, w, widths)
+        strides = [p.stride(1) for p in parts]
+        if grad and len(widths) > 1:
+            rest = rows - widths[0]
+            assert strides == [widths[0]] + [rest + (-rest % triton_ops.ROW_ALIGN)] * (len(widths) - 1)
+        else:
+            assert strides == [rows + (-rows % triton_ops.ROW_ALIGN)] * len(widths)
+        assert all(s % 16 == 0 and s * size % align == 0 for s in strides for size in (2, 4)), (strides, align)
+        assert [p.shape[-1] for p in parts] == widths
+        for p, r in zip(parts, ref):
+            torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-6)
+    gen = torch.Generator().manual_seed(1)
+    dh = [torch.randn(r.shape, generator=gen).to(DEV) for r in ref]
+    for got, want in zip(torch.autograd.grad(parts, (x, w), dh), torch.autograd.grad(ref, (x, w), dh)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     seen = []
 
     def heads(qkv, cache, backend):  # the first kernel's input: recorded, then the forward stops
@@ -221,7 +231,7 @@ def test_in_projection_pads_rows_and_changes_nothing(mixer):
     layer.backend, layer.heads = "triton", heads
     with pytest.raises(Stop):
         layer(x, None)
-    assert seen == [h.stride(1)]
+    assert seen == [parts[0].stride(1)]
 
 
 def loss_reference(z, t, y, ce_weight, kl_weight, temperature):
