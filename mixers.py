@@ -453,10 +453,8 @@ def chunk_delta_rule(q, k, v, beta, g=None, initial_state=None, scale=None, chun
 
 @triton_twin
 def in_projection(x, weight, widths):
-    """x [B, T, C] times the stacked projections of a layer, weight [N, C], cut into its parts
-    [B, T, width] of widths. Twin: the same products, their rows padded in memory so that the
-    kernels read aligned slices, and q, k, v a product of their own where a gradient is asked
-    for (x's gradient is then two products and no gather)."""
+    """x [B, T, C] times a layer's stacked projections, weight [N, C], cut into parts [B, T, w] of
+    widths. Twin: the same values from products with aligned rows, q, k, v one of their own."""
     return F.linear(x, weight).split(list(widths), -1)
 
 
