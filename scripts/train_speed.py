@@ -6,6 +6,7 @@ it, on random weights of SmolLM2-135M and random tokens (speed depends on neithe
     python scripts/train_speed.py --lengths=512 --stages=3,lm --extra="--compile=false"
     python scripts/train_speed.py --mixer=kda --out=speed.md
     python scripts/train_speed.py --gpus=1,2,4,8 --stages=3 --lengths=512   # DDP scaling through torchrun
+    python scripts/train_speed.py --lengths=512 --stages=3,lm --trees=../base,.   # a change against its base
 
 Each row is one `python train.py` run of --steps optimizer steps at train.py's GPU defaults
 (micro-batch, accumulation, compile, ...), with the micro-batch's tokens kept as the length
@@ -16,9 +17,16 @@ stage-3 step. With more than one GPU a run goes through torchrun (DistributedDat
 the same micro-batch on every GPU; given several counts, each stage and length is measured at
 each, and its efficiency is the tokens/s of n GPUs over n times one GPU's. Rows print as they
 finish; --out also appends them to a file, and every run's log stays under --work.
+
+--trees compares checkouts of this project (another commit's files, from `git worktree add` or
+`git archive`) in one run: each row runs on every tree in turn, the trees alternating row by
+row, so that a machine's drift over the run falls on each alike. Each tree's own code builds its
+teacher, student and corpus (the same seed, so the same numbers where its code is the same) and
+runs its own train.py.
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -40,9 +48,18 @@ RATIO = 1.5  # the stage-3 step's time per token at most this times the teacher'
 SCALING = 0.9  # n GPUs give at least this share of n times one GPU's tokens/s
 
 
-def setup(work, mixer):
+def setup(work, mixer, tree=ROOT):
     """A random SmolLM2-135M teacher, a student of it (the start of stages 2 and 3) and a corpus of
-    random tokens, under work/. Returns (teacher path, student path, data folder)."""
+    random tokens, under work/, by the code of tree (another checkout: in a process of its own).
+    Returns (teacher path, student path, data folder)."""
+    if os.path.realpath(tree) != os.path.realpath(ROOT):
+        code = (f"import sys; sys.path[:0] = [{tree!r}, {os.path.join(tree, 'scripts')!r}]; "
+                f"import json, train_speed; print(json.dumps(train_speed.setup({work!r}, {mixer!r})))")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree)
+        if proc.returncode:
+            tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise RuntimeError(f"{tree}: building its teacher and student failed: {tail}")
+        return tuple(json.loads(proc.stdout.strip().splitlines()[-1]))
     import torch
 
     import checkpoint
@@ -63,14 +80,14 @@ def setup(work, mixer):
     return teacher_pt, student_pt, data
 
 
-def run(args, stage, length, batch, gpus, paths):
-    """One train.py run on `gpus` GPUs; returns its log line numbers: tok/s (all GPUs together),
-    MFU, ms a step, peak GiB, seconds."""
+def run(args, stage, length, batch, gpus, paths, tree=ROOT, tag=""):
+    """One train.py run of tree on `gpus` GPUs; returns its log line numbers: tok/s (all GPUs
+    together), MFU, ms a step, peak GiB, seconds. tag names the tree in the run's files."""
     teacher_pt, student_pt, data = paths
-    name = f"stage{stage}_{length}" + (f"_{gpus}gpu" if gpus > 1 else "")
+    name = f"stage{stage}_{length}" + (f"_{gpus}gpu" if gpus > 1 else "") + tag
     launcher = [sys.executable] if gpus == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
-    cmd = launcher + [os.path.join(ROOT, "train.py"), f"--stage={stage}",
+    cmd = launcher + [os.path.join(tree, "train.py"), f"--stage={stage}",
            f"--mixer={'attention' if stage == 'lm' else args.mixer}", f"--teacher={teacher_pt}",
            f"--data_dir={data}", f"--out_dir={os.path.join(args.work, 'out', name)}", f"--block_size={length}",
            f"--batch_size={batch}", f"--max_iters={args.steps}", f"--eval_interval={args.steps}",
@@ -80,7 +97,7 @@ def run(args, stage, length, batch, gpus, paths):
     cmd += args.extra.split()
     t0 = time.time()
     env = {**os.environ, **NO_MULTICAST} if gpus > 1 else None
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     log = proc.stdout + proc.stderr
     with open(os.path.join(args.work, name + ".log"), "w") as f:
         f.write(" ".join(cmd) + "\n" + log)
@@ -107,7 +124,13 @@ def main():
     ap.add_argument("--extra", default="", help="train.py settings added to every run, e.g. '--compile=false'")
     ap.add_argument("--work", default="", help="teacher, student, data and logs (default: a new temporary folder)")
     ap.add_argument("--out", default="", help="also append the table to this file")
+    ap.add_argument("--trees", default="", help="checkouts of this project to compare, comma-separated "
+                                                 "(default: this one), each row on each in turn")
     args = ap.parse_args()
+    trees = [os.path.abspath(t) for t in args.trees.split(",")] if args.trees else [ROOT]
+    if bad := [t for t in trees if not os.path.isfile(os.path.join(t, "train.py"))]:
+        ap.error(f"--trees: {bad[0]} holds no train.py (a checkout of this project, e.g. from "
+                 f"`git worktree add DIR COMMIT`)")
     try:
         counts = [int(n) for n in args.gpus.split(",")]
     except ValueError:
@@ -132,7 +155,16 @@ def main():
     except ValueError:
         sys.exit(f"train_speed.py: --lengths={args.lengths!r}: expected numbers such as 512,2048")
     args.work = args.work or tempfile.mkdtemp(prefix="train_speed_")
-    paths = setup(args.work, args.mixer)
+    several = len(trees) > 1
+    names = {t: os.path.basename(t.rstrip("/")) or t for t in trees}
+    if several and len(set(names.values())) < len(trees):
+        names = {t: f"{i}:{names[t]}" for i, t in enumerate(trees)}
+    paths = {}
+    for i, t in enumerate(trees):
+        try:
+            paths[t] = setup(os.path.join(args.work, f"tree{i}") if several else args.work, args.mixer, t)
+        except RuntimeError as e:
+            sys.exit(f"train_speed.py: {e}")
     d = train.GPU_DEFAULTS
     micro = d["batch_size"] * d["block_size"]  # tokens a micro-step
 
@@ -147,35 +179,51 @@ def main():
     emit(f"## train.py speed, {args.mixer} student of SmolLM2-135M (random weights): "
          f"{'/'.join(map(str, counts))} x {torch.cuda.get_device_name()}, "
          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n\nGPU defaults: {settings}; "
-         f"{args.steps} steps a run{'; ' + args.extra if args.extra else ''}\n")
-    emit("| stage | length x micro-batch | GPUs | tokens/s | target | MFU | step | peak memory | run |")
-    emit("|---|---|---|---|---|---|---|---|---|")
-    speed = {}  # (stage, length, gpus) -> tokens/s
+         f"{args.steps} steps a run{'; ' + args.extra if args.extra else ''}"
+         + (f"; trees, each row in this order: {', '.join(f'{names[t]} ({t})' for t in trees)}" if several else "")
+         + "\n")
+    tree_col = ("| tree ", "|---") if several else ("", "")
+    emit(f"{tree_col[0]}| stage | length x micro-batch | GPUs | tokens/s | target | MFU | step | peak memory | run |")
+    emit(f"{tree_col[1]}|---|---|---|---|---|---|---|---|---|")
+    speed = {}  # (tree, stage, length, gpus) -> tokens/s
     for length in lengths:
         for stage in stages:
             batch = max(1, micro // length)
             for gpus in counts:
-                try:
-                    tok_s, mfu, ms, gib, secs = run(args, stage, length, batch, gpus, paths)
-                except RuntimeError as e:
-                    emit(f"| {stage} | {length} x {batch} | {gpus} | failed: {e} | | | | | |")
-                    continue
-                speed[stage, length, gpus] = tok_s
-                target = TARGETS[stage] * gpus
-                ok = "" if length != 512 else " (met)" if tok_s >= target else " (not met)"
-                emit(f"| {stage} | {length} x {batch} | {gpus} | {tok_s:,.0f} | {target:,}{ok} | {mfu} | {ms:.0f} ms | "
-                     f"{gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | {secs:.0f} s |")
-    for length in lengths:
-        for gpus in counts:
-            if ("3", length, gpus) in speed and ("lm", length, gpus) in speed:
-                r = speed["lm", length, gpus] / speed["3", length, gpus]
-                emit(f"\nlength {length}, {gpus} GPU(s): the stage-3 step takes {r:.2f}x the teacher's own step "
-                     f"per token (target: at most {RATIO}x)")
-    for (stage, length, gpus), tok_s in speed.items():
-        if gpus > 1 and (stage, length, 1) in speed:
-            eff = tok_s / (gpus * speed[stage, length, 1])
-            emit(f"\nstage {stage}, length {length}: {gpus} GPUs give {eff:.0%} of {gpus} times one GPU's tokens/s "
-                 f"(target: at least {SCALING:.0%})")
+                for i, t in enumerate(trees):
+                    cell = f"| {names[t]} " if several else ""
+                    try:
+                        tok_s, mfu, ms, gib, secs = run(args, stage, length, batch, gpus, paths[t], t,
+                                                        f"_tree{i}" if several else "")
+                    except RuntimeError as e:
+                        emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | failed: {e} | | | | | |")
+                        continue
+                    speed[t, stage, length, gpus] = tok_s
+                    target = TARGETS[stage] * gpus
+                    ok = "" if length != 512 else " (met)" if tok_s >= target else " (not met)"
+                    emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | {tok_s:,.0f} | {target:,}{ok} | {mfu} | "
+                         f"{ms:.0f} ms | {gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | "
+                         f"{secs:.0f} s |")
+    for t in trees:
+        of = f"{names[t]}, " if several else ""
+        for length in lengths:
+            for gpus in counts:
+                if (t, "3", length, gpus) in speed and (t, "lm", length, gpus) in speed:
+                    r = speed[t, "lm", length, gpus] / speed[t, "3", length, gpus]
+                    emit(f"\n{of}length {length}, {gpus} GPU(s): the stage-3 step takes {r:.2f}x the teacher's own "
+                         f"step per token (target: at most {RATIO}x)")
+        for (t2, stage, length, gpus), tok_s in speed.items():
+            if t2 == t and gpus > 1 and (t, stage, length, 1) in speed:
+                eff = tok_s / (gpus * speed[t, stage, length, 1])
+                emit(f"\n{of}stage {stage}, length {length}: {gpus} GPUs give {eff:.0%} of {gpus} times one GPU's "
+                     f"tokens/s (target: at least {SCALING:.0%})")
+    if several:  # each later tree against the first, row by row
+        base = trees[0]
+        for t in trees[1:]:
+            for (t2, stage, length, gpus), tok_s in speed.items():
+                if t2 == t and (base, stage, length, gpus) in speed:
+                    emit(f"\n{names[t]} against {names[base]}: stage {stage}, length {length}, {gpus} GPU(s): "
+                         f"{tok_s / speed[base, stage, length, gpus] - 1:+.1%} tokens/s")
     print(f"logs: {args.work}")
 
 
