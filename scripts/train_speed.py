@@ -22,7 +22,8 @@ finish; --out also appends them to a file, and every run's log stays under --wor
 `git archive`) in one run: each row runs on every tree in turn, the trees alternating row by
 row, so that a machine's drift over the run falls on each alike. Each tree's own code builds its
 teacher, student and corpus (the same seed, so the same numbers where its code is the same) and
-runs its own train.py.
+runs its own train.py, at this tree's micro-batch and length, its own defaults otherwise; a tree
+needs this script's setup() (every commit since 3b11c0f has it).
 """
 
 import argparse
