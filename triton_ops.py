@@ -64,9 +64,10 @@ Sections:
     3. Delta-rule family: kernels, custom operators, chunk_delta_rule
     4. Fused one-token decoding: recurrent_step_decay_additive, recurrent_step_delta_rule
     5. Training glue, fused: in_projection (the layers' stacked projection, its rows padded for
-       aligned loads), short_conv (mixers.short_conv from a zero past; also cutting q, k, v and
-       L2-normalizing q and k), distill_loss, distill_loss_grad and head_loss (distill.py's
-       stage-3 loss; head_loss applies the LM heads a slice of rows at a time), rms_norm_gate
+       aligned loads; two products where a gradient is asked for, so that x's is one add),
+       short_conv (mixers.short_conv from a zero past; also cutting q, k, v and L2-normalizing
+       q and k), distill_loss, distill_loss_grad and head_loss (distill.py's stage-3 loss;
+       head_loss applies the LM heads a slice of rows at a time), rms_norm_gate
        (the mixers' output norm and gate), l2_normalize (the delta rules' q and k without a
        conv), softplus_decay and sigmoid_decay (the log decays of Gated DeltaNet and KDA)
 """
