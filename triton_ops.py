@@ -1028,6 +1028,12 @@ _DELTA_WIDE_WARPS = 8
 # 0.162 at 2, 0.223 at 4 at stage 3's 64 x 512 x 9 x 64, where the earlier form took 0.344 at 1
 # warp (one H100, 2026-12-05, results/speed/kernel_bench_h100_745c312.txt)
 _DELTA_SOLVE_WARPS = 1
+# the A/P kernel and the in-chunk backward with a decay per key channel (gate 3, KDA), one program
+# a 16-row sub-chunk: at _DELTA_WARPS=2 they took 159 and 400 us against 215 and 479 at 4, while
+# 2 warps made the state backward 22 times slower (stage 3's 64 x 512 x 9 x 64, one H100,
+# results/speed/launch_sweep_h100_f3c24a9/sweep_kda.txt): a constant of their own, as GLA's
+# sub-chunk kernels have (_ADD_CHANNEL_WARPS)
+_DELTA_CHANNEL_WARPS = 2
 _DELTA_MAIN_STAGES = 1  # _delta_bwd_main_kernel: its loop over value blocks is not pipelined
 
 
@@ -1737,6 +1743,14 @@ def _delta_programs(NT, gate):
     return NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1)
 
 
+def _delta_intra_warps(gate, BK):
+    """Warps of the in-chunk backward: a sub-chunk's program (gate 3) or a chunk's, wider where 4
+    spill (Dk > 64)."""
+    if gate == 3:
+        return _DELTA_CHANNEL_WARPS
+    return _DELTA_WIDE_WARPS if BK > 64 else _DELTA_WARPS
+
+
 def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
     """Gate cumsum, A, P and T = (I + A)^-1: everything per chunk that does not need the state."""
     B, T, H, K, V, NT, Tp, BK, BV = _delta_dims(q, v)
@@ -1749,7 +1763,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
     P = torch.empty(B, Tp, H, BT, device=q.device, dtype=q.dtype)  # only read as a dot operand
     _delta_kkt_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
-        GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_WARPS)
+        GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_CHANNEL_WARPS if gate == 3 else _DELTA_WARPS)
     Ai = torch.empty_like(A)
     _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
     return gc, Ai, P
@@ -1850,7 +1864,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
     _delta_bwd_intra_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
         BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded,
-        num_warps=_DELTA_WIDE_WARPS if gate != 3 and BK > 64 else _DELTA_WARPS)
+        num_warps=_delta_intra_warps(gate, BK))
     dg = _absent(q)
     if gate:
         dg = torch.empty_like(g)

@@ -49,7 +49,7 @@ from bench import kernel_times  # noqa: E402
 SWEEPS = {  # each operator's constants swept when --set is not given
     "conv": {"_CONV_BT": [32, 64, 128], "_CONV_WARPS": [2, 4, 8]},
     "gdn": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8], "_DELTA_BV": [32, 64]},
-    "kda": {"_DELTA_WARPS": [2, 4, 8], "_DELTA_WIDE_WARPS": [4, 8], "_DELTA_BV": [32, 64]},
+    "kda": {"_DELTA_CHANNEL_WARPS": [1, 2, 4], "_DELTA_WARPS": [2, 4], "_DELTA_WIDE_WARPS": [4, 8]},
     "gla": {"_ADD_WARPS": [2, 4], "_ADD_CHANNEL_WARPS": [1, 2, 4], "_ADD_STATE_BV": [32, 64]},
     "head": {"_ADD_WARPS": [2, 4, 8], "_ADD_STATE_BV": [32, 64]},
     "norm": {"_NORM_BLOCK": [1024, 2048, 4096, 8192], "_NORM_WARPS": [1, 2, 4, 8]},
