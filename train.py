@@ -100,6 +100,8 @@ class Settings:
     compile: bool = False  # torch.compile the student with its loss, and the teacher's forward
     compile_blocks: bool = False  # with compile: compile a block's code once for every layer
     #   (the student's blocks, the teacher's), not the whole step: less compiling, fewer fusions
+    teacher_ahead: bool = False  # issue the next micro-step's teacher pass before this one's
+    #   backward (on a GPU on a stream of its own, beside it): the same numbers, perhaps faster
     seed: int = 1337  # new mixer weights and the order of batches
     peak_tflops: float = 0.0  # per device, for MFU; 0 = no MFU
 
@@ -384,24 +386,21 @@ class Meter:
                 f"eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
 
 
-# The next micro-step's teacher pass issued before this one's backward (TeacherAhead). Off by
-# default: on one H100 it ran stage 3 2.5% faster with the same losses, in one pair of runs, and
-# the README's test command has not run with it on (results/speed/README.md, "The teacher ahead")
-TEACHER_AHEAD = False
-
-
 class TeacherAhead:
     """The batches of the loop's micro-steps with the frozen teacher's pass on each, the pass of
     the next micro-step issued before this micro-step's backward. On a GPU it goes onto a CUDA
     stream of its own, so that the device runs the two side by side (the teacher's products where
     the student's kernels leave multiprocessors idle); on a CPU it runs there and then. The same
-    batches and the same operations: the same numbers as every pass in line (TEACHER_AHEAD off)."""
+    batches and the same operations: the same numbers as every pass in line (--teacher_ahead
+    off). Off by default: on one H100 stage 3 ran 2.5% faster with it in one pair of runs
+    (results/speed/README.md, "The teacher ahead"); the README's test command has not run with
+    it on."""
 
     def __init__(self, data, s, rank, world, device, teacher_fn):
         self.data, self.s, self.rank, self.world, self.device = data, s, rank, world, device
         self.teacher_fn = teacher_fn  # x -> the teacher's outputs for the stage's loss
-        on_gpu = torch.device(device).type == "cuda"
-        self.stream = torch.cuda.Stream(device) if TEACHER_AHEAD and on_gpu else None
+        self.on, gpu = s.teacher_ahead, torch.device(device).type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.on and gpu else None
         self.key, self.kept = None, None  # the micro-step issued ahead, its (x, y, outputs)
 
     def batch(self, step, micro, B):
@@ -424,7 +423,7 @@ class TeacherAhead:
     def issue(self, step, micro, B):
         """Start the micro-step after (step, micro), if it has B rows of the same length (the pass
         after the switch to --long_block_size is taken in line)."""
-        if not TEACHER_AHEAD:
+        if not self.on:
             return
         step, micro = (step, micro + 1) if micro + 1 < self.s.grad_accum else (step + 1, 0)
         if step >= self.s.max_iters or distill.length_at(step, self.s) != (self.data.T, B):

@@ -594,10 +594,9 @@ def test_the_teacher_pass_issued_ahead_changes_no_number(setup, tmp_path, monkey
     monkeypatch.setattr(train.TeacherAhead, "take", take)
     runs = {}
     for on in (False, True):
-        monkeypatch.setattr(train, "TEACHER_AHEAD", on)
         served.clear()
         h = train.main(args(setup, out_dir=tmp_path / str(on), stage=stage, init_from="teacher", max_iters=6,
-                            eval_interval=3, grad_accum=2, long_block_size=64, long_frac=0.5,
+                            eval_interval=3, grad_accum=2, long_block_size=64, long_frac=0.5, teacher_ahead=on,
                             **(dict(device="cuda", dtype="bfloat16") if gpu else {})))
         runs[on] = ([loss for _, loss in h["train"]], [v["loss"] for v in h["val"]], list(served))
     # 12 micro-steps: the first, and the first at 64 tokens (step 3), in line; the rest ahead
