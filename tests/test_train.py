@@ -604,7 +604,8 @@ def test_the_teacher_pass_issued_ahead_changes_no_number(setup, tmp_path, monkey
     assert runs[True][2] == [False, True, True, True, True, True, False, True, True, True, True, True]
     if not gpu:
         assert runs[True][:2] == runs[False][:2]
-    else:  # a logged loss may differ in its last bit there: on one H100, stage 2's third of six
-        # did (14.589803 against 14.589804) and the later ones were equal, so the weights were
+    else:  # a logged loss may differ in its last bits there: on one H100, stage 2's third of six
+        # did (14.589803 against 14.589804) and the later ones were equal, so the weights were; a
+        # wrong batch or teacher output moves a loss by far more than 1e-5
         for a, b in zip(runs[True][:2], runs[False][:2]):
-            assert a == pytest.approx(b, rel=1e-6, abs=0)
+            assert a == pytest.approx(b, rel=1e-5, abs=0)
