@@ -553,8 +553,8 @@ def main(argv=None, after_step=None):
             group["lr"] = lr
         loss_sum = 0.0
         T, B = distill.length_at(step, s)  # --long_block_size: the last steps longer, B * T kept
-        if T != train_data.T:  # the switch (or a resume past it); evals keep block_size, comparable
-            train_data = ahead.data = Data(s.data_dir, "train", T, train_data.chat)
+        if T != ahead.data.T:  # the switch (or a resume past it); evals keep block_size, comparable
+            ahead.data = Data(s.data_dir, "train", T, ahead.data.chat)
             log(f"step {step}: sequences of {T} tokens from here, {B} a micro-step")
         for micro in range(s.grad_accum):
             # DDP averages gradients across GPUs only on the last micro-step
