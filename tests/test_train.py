@@ -469,18 +469,6 @@ def test_bf16_autocast_on_a_gpu_and_fp32_on_a_cpu(tmp_path, monkeypatch):
     assert train.settings(rest + ["--dtype=float32"])[0].dtype == "float32"  # a GPU run, told so
 
 
-
-def test_the_teacher_pass_goes_ahead_by_default_on_a_gpu_at_stages_2_and_3(tmp_path, monkeypatch):
-    # stage 1 ran slower with it on an H100, stages 2 and 3 faster (results/speed/README.md)
-    rest = [f"--out_dir={tmp_path}", "--resume=false", "--max_iters=1", "--init_from=teacher"]
-    for gpu in (False, True):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu=gpu: gpu)
-        for stage in ("1", "2", "3", "sft"):
-            on = train.settings(rest + [f"--stage={stage}"])[0].teacher_ahead
-            assert on == (gpu and stage in ("2", "3")), (gpu, stage)
-            assert train.settings(rest + [f"--stage={stage}", "--teacher_ahead=true"])[0].teacher_ahead
-        assert not train.settings(rest + ["--stage=3", "--teacher_ahead=false"])[0].teacher_ahead
-
 def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeypatch):
     (tmp_path / "data" / "modern").mkdir(parents=True)  # a checkout whose corpus is not built yet
     (tmp_path / "data" / "modern" / "prepare.py").write_text("")
@@ -590,7 +578,7 @@ def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_indu
     assert distill.layer_loss in compiled and distill.teacher_block in compiled
 
 
-@pytest.mark.parametrize("stage", ["2", "3"])
+@pytest.mark.parametrize("stage", ["1", "2", "3"])
 def test_the_teacher_pass_issued_ahead_changes_no_number(setup, tmp_path, monkeypatch, stage):
     # the next micro-step's teacher pass is issued before this one's backward (on a GPU, on a
     # stream of its own, beside it): the same batches and the same teacher outputs to the bit as
