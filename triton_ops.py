@@ -1015,8 +1015,7 @@ _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
 _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
-# backward with a gate or at Dk > 64, and the in-chunk backward of one program a chunk (gates
-# 0-2) at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
+# backward with a gate or at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
 # fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
 _DELTA_WIDE_WARPS = 8
 # _delta_solve_kernel: 16x16 blocks, work for one warp. Its earlier form (each diagonal block's
@@ -1482,8 +1481,9 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
                            scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                            BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr):
     scale = tl.cast(scale, tl.float32)  # fp64 when torch.compile launches the kernel
-    # per chunk, everything except the in-chunk pairwise (q_i, k_j) and (k_i, k_j) terms:
-    # those leave as dP (gradient of P) and dA (gradient of A) for _delta_bwd_intra_kernel
+    # per chunk, all of the gradients. With a decay per key channel (GATE 3) everything except
+    # the in-chunk pairwise (q_i, k_j) and (k_i, k_j) terms: those leave as dP (gradient of P)
+    # and dA (gradient of A) for _delta_bwd_intra_kernel, and dq, dk, db, dG take partial sums
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -1549,23 +1549,43 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     b_da = -tl.dot(tl.dot(tl.trans(b_T), b_dT, input_precision=DOT), tl.trans(b_T), input_precision=DOT)
     b_da = tl.where(o_i[:, None] > o_i[None, :], b_da, 0.)
     b_dp = tl.where(o_i[:, None] >= o_i[None, :], b_dp * scale, 0.)
-    _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
-    _delta_put(dk + o_bk, b_dkw + b_dkh, o_t, m_t, o_k, m_k, H * K)
-    tl.store(db + i_b.to(tl.int64) * T * H + o_t * H + i_h, b_db, mask=m_t)
-    p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
-    p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
-    tl.store(p_dP + o_i[:, None] * (H * BT) + o_i[None, :], b_dp)
-    tl.store(p_dA + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
+    b_dk = b_dkw + b_dkh
     if GATE != 0:
         # dG from the terms handled here: Q e^G h, beta K e^G in W, K e^(G_last - G) in h'
         b_dg = b_q * b_dq + b_k * b_dkw - b_k * b_dkh
         # G_last enters through exp(G_last) h and exp(G_last - G): one extra term on the last row
         b_last = b_dgl * tl.exp(b_gl) + tl.sum(b_k * b_dkh, 0)                      # [BK]
         b_dg = tl.where(o_i[:, None] == BT - 1, b_dg + b_last[None, :], b_dg)
-        if GATE == 3:
-            _delta_put(dG + (i_b.to(tl.int64) * Tp * H + i_h) * K, b_dg, o_t, o_t < Tp, o_k, m_k, H * K)
-        else:
+    if GATE == 3:
+        p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
+        p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
+        tl.store(p_dP + o_i[:, None] * (H * BT) + o_i[None, :], b_dp)
+        tl.store(p_dA + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
+        _delta_put(dG + (i_b.to(tl.int64) * Tp * H + i_h) * K, b_dg, o_t, o_t < Tp, o_k, m_k, H * K)
+    else:
+        # the pairwise terms, with D_ij = exp(G_i - G_j) for i >= j (1 without a gate):
+        #   dq_i += sum_j dP_ij D_ij k_j                      (P = scale q.k, scale folded into dP)
+        #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
+        #   dk_i += beta_i sum_j dA_ij D_ij k_j,   dbeta_i += k_i . sum_j dA_ij D_ij k_j
+        #   dG   += q * (row terms of q) + k * (row terms of k) - k * (column terms of k)
+        if GATE == 2:
+            b_gt = tl.load(p_g + o_t * H)                                              # [BT]
+            b_d = tl.exp(tl.where(o_i[:, None] >= o_i[None, :], b_gt[:, None] - b_gt[None, :], 0.))
+            b_dp = b_dp * b_d
+            b_da = b_da * b_d
+        b_rp = tl.dot(b_dp, b_k, input_precision=DOT)                                    # [BT, BK]
+        b_ra = tl.dot(b_da, b_k, input_precision=DOT)
+        b_cp = (tl.dot(tl.trans(b_dp), b_q, input_precision=DOT)
+                + tl.dot(tl.trans(b_da * b_b[:, None]), b_k, input_precision=DOT))
+        b_dq += b_rp
+        b_dk += b_cp + b_ra * b_b[:, None]
+        b_db += tl.sum(b_ra * b_k, 1)
+        if GATE == 2:
+            b_dg += b_q * b_rp - b_k * b_cp + b_k * b_ra * b_b[:, None]
             tl.store(dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h, tl.sum(b_dg, 1))
+    _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
+    _delta_put(dk + o_bk, b_dk, o_t, m_t, o_k, m_k, H * K)
+    tl.store(db + i_b.to(tl.int64) * T * H + o_t * H + i_h, b_db.to(db.dtype.element_ty), mask=m_t)
 
 
 @triton.jit
@@ -1584,17 +1604,17 @@ def _delta_intra_put(p_dqi, p_dki, p_dbi, p_dq, p_dk, p_db, o_r, m_r, o_k, m_k, 
 @triton.jit
 def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp,
                             H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                            BK: tl.constexpr, GATE: tl.constexpr, DOT: tl.constexpr, BOUNDED: tl.constexpr):
-    # pairwise terms inside a chunk. With D_ij = exp(G_i - G_j) (per channel for GATE 3):
+                            BK: tl.constexpr, DOT: tl.constexpr, BOUNDED: tl.constexpr):
+    # pairwise terms inside a chunk with a decay per key channel (GATE 3; for the others
+    # _delta_bwd_main_kernel adds them itself). With D_ij = exp(G_i - G_j) per channel:
     #   dq_i += sum_j dP_ij D_ij k_j                      (P = scale q.k, scale folded into dP)
     #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
     #   dk_i += beta_i sum_j dA_ij D_ij k_j,   dbeta_i += k_i . sum_j dA_ij D_ij k_j
     #   dG   += q * (row terms of q) + k * (row terms of k) - k * (column terms of k)
-    # Per key channel (GATE 3), one program per 16-row sub-chunk s of a chunk: the terms of its rows
+    # one program per 16-row sub-chunk s of a chunk: the terms of its rows
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
-    if GATE == 3:
-        i_t, s = i_t // (BT // BC), i_t % (BT // BC)
+    i_t, s = i_t // (BT // BC), i_t % (BT // BC)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_bk = (i_b.to(tl.int64) * T * H + i_h) * K
@@ -1603,110 +1623,86 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
     p_dbo = dbeta + i_b.to(tl.int64) * T * H + i_h
     p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
     p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
-    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, GATE)
-    if GATE != 3:
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        o_i = tl.arange(0, BT)
-        b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
-        b_k = _delta_rows(k + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
-        b_b = tl.load(p_b + o_t * H, mask=m_t, other=0.).to(tl.float32)
-        b_dp = tl.load(p_dP + o_i[:, None] * (H * BT) + o_i[None, :])
-        b_da = tl.load(p_dA + o_i[:, None] * (H * BT) + o_i[None, :])
-        if GATE == 2:
-            b_g = tl.load(p_g + o_t * H)
-            b_d = tl.exp(tl.where(o_i[:, None] >= o_i[None, :], b_g[:, None] - b_g[None, :], 0.))
-            b_dp = b_dp * b_d
-            b_da = b_da * b_d
-        b_rp = tl.dot(b_dp, b_k, input_precision=DOT)                                                    # [BT, BK]
-        b_ra = tl.dot(b_da, b_k, input_precision=DOT)
-        b_cp = tl.dot(tl.trans(b_dp), b_q, input_precision=DOT) + tl.dot(tl.trans(b_da * b_b[:, None]), b_k, input_precision=DOT)
-        _delta_intra_put(dq_in + o_bk, dk_in + o_bk, p_db, dq + o_bk, dk + o_bk, p_dbo, o_t, m_t, o_k, m_k,
-                         b_rp, b_ra, b_cp, b_k, b_b, H, K)
-        if GATE == 2:
-            b_dg = tl.sum(b_q * b_rp - b_k * b_cp + b_k * b_ra * b_b[:, None], 1)
-            p_dG = dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h
-            tl.store(p_dG, tl.load(p_dG) + b_dg)
+    p_g = _delta_gate_base(gc, i_b, i_h, Tp, H, K, 3)
+    o_c = tl.arange(0, BC)
+    o_s = i_t * BT + s * BC + o_c
+    m_s = o_s < T
+    b_qs = _delta_rows(q + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+    b_ks = _delta_rows(k + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
+    b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
+    b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, 3)
+    # references: first row of s for row-side sums, last row of s for column-side sums
+    b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, 3)
+    b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, 3)
+    b_rp = tl.zeros([BC, BK], dtype=tl.float32)
+    b_ra = tl.zeros([BC, BK], dtype=tl.float32)
+    b_cp = tl.zeros([BC, BK], dtype=tl.float32)
+    for r in range(0, s):
+        # rows of s, columns of an earlier r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
+        o_r = i_t * BT + r * BC + o_c
+        b_kr = _delta_rows(k + o_bk, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
+        b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, 3))
+        b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+        b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
+    for r in range(s + 1, BT // BC):
+        # rows of a later r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
+        o_r = i_t * BT + r * BC + o_c
+        m_r = o_r < T
+        b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, 3) - b_gla[None, :])
+        b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+        b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
+        b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
+        b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
+        b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
+        b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
+    b_cp *= tl.exp(b_gla[None, :] - b_gs)
+    b_dn = tl.exp(b_gs - b_gf[None, :])                                            # [BC, BK] <= 1
+    if BOUNDED:
+        # diagonal sub-block, bounded gates: products against the first row of s on both
+        # sides (an anchor no later than any row, so no later gate reaches an earlier
+        # row's sums), the factors exp(G_f - G_j) <= exp(-15 gate_min); masked first. dP's
+        # i = j entries go in exactly below, so that they cancel in dG as on the exact path
+        b_dpf = _delta_blk(p_dP, s, s, BT, BC, H * BT)
+        b_dps = tl.where(o_c[:, None] > o_c[None, :], b_dpf, 0.)
+        b_das = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dA, s, s, BT, BC, H * BT), 0.)
+        b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
+        b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
+        b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
+        b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
+                        + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
+    b_rp *= b_dn
+    b_ra *= b_dn
+    if BOUNDED:
+        b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
+        b_rp += b_dpd * b_ks
+        b_cp += b_dpd * b_qs
     else:
-        o_c = tl.arange(0, BC)
-        o_s = i_t * BT + s * BC + o_c
-        m_s = o_s < T
-        b_qs = _delta_rows(q + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
-        b_ks = _delta_rows(k + o_bk, o_s, m_s, o_k, m_k, H * K).to(tl.float32)
-        b_bs = tl.load(p_b + o_s * H, mask=m_s, other=0.).to(tl.float32)
-        b_gs = _delta_gate(p_g, o_s, o_k, m_k, H, K, GATE)
-        # references: first row of s for row-side sums, last row of s for column-side sums
-        b_gf = _delta_gate_row(p_g, i_t * BT + s * BC, o_k, m_k, H, K, GATE)
-        b_gla = _delta_gate_row(p_g, i_t * BT + s * BC + BC - 1, o_k, m_k, H, K, GATE)
-        b_rp = tl.zeros([BC, BK], dtype=tl.float32)
-        b_ra = tl.zeros([BC, BK], dtype=tl.float32)
-        b_cp = tl.zeros([BC, BK], dtype=tl.float32)
-        for r in range(0, s):
-            # rows of s, columns of an earlier r: exp(G_i - G_j) = exp(G_i - G_f) exp(G_f - G_j)
-            o_r = i_t * BT + r * BC + o_c
-            b_kr = _delta_rows(k + o_bk, o_r, o_r < T, o_k, m_k, H * K).to(tl.float32)
-            b_kr = b_kr * tl.exp(b_gf[None, :] - _delta_gate(p_g, o_r, o_k, m_k, H, K, GATE))
-            b_rp += tl.dot(_delta_blk(p_dP, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-            b_ra += tl.dot(_delta_blk(p_dA, s, r, BT, BC, H * BT), b_kr, input_precision=DOT)
-        for r in range(s + 1, BT // BC):
-            # rows of a later r, columns of s: exp(G_i - G_j) = exp(G_i - G_l) exp(G_l - G_j)
-            o_r = i_t * BT + r * BC + o_c
-            m_r = o_r < T
-            b_e = tl.exp(_delta_gate(p_g, o_r, o_k, m_k, H, K, GATE) - b_gla[None, :])
-            b_qr = _delta_rows(q + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
-            b_kr = _delta_rows(k + o_bk, o_r, m_r, o_k, m_k, H * K).to(tl.float32) * b_e
-            b_br = tl.load(p_b + o_r * H, mask=m_r, other=0.).to(tl.float32)
-            b_dpr = _delta_blk(p_dP, r, s, BT, BC, H * BT)
-            b_dar = _delta_blk(p_dA, r, s, BT, BC, H * BT) * b_br[:, None]
-            b_cp += tl.dot(tl.trans(b_dpr), b_qr, input_precision=DOT) + tl.dot(tl.trans(b_dar), b_kr, input_precision=DOT)
-        b_cp *= tl.exp(b_gla[None, :] - b_gs)
-        b_dn = tl.exp(b_gs - b_gf[None, :])                                            # [BC, BK] <= 1
-        if BOUNDED:
-            # diagonal sub-block, bounded gates: products against the first row of s on both
-            # sides (an anchor no later than any row, so no later gate reaches an earlier
-            # row's sums), the factors exp(G_f - G_j) <= exp(-15 gate_min); masked first. dP's
-            # i = j entries go in exactly below, so that they cancel in dG as on the exact path
-            b_dpf = _delta_blk(p_dP, s, s, BT, BC, H * BT)
-            b_dps = tl.where(o_c[:, None] > o_c[None, :], b_dpf, 0.)
-            b_das = tl.where(o_c[:, None] > o_c[None, :], _delta_blk(p_dA, s, s, BT, BC, H * BT), 0.)
-            b_up = tl.exp(b_gf[None, :] - b_gs)                                       # [BC, BK] >= 1
-            b_rp += tl.dot(b_dps, b_ks * b_up, input_precision=DOT)
-            b_ra += tl.dot(b_das, b_ks * b_up, input_precision=DOT)
-            b_cp += b_up * (tl.dot(tl.trans(b_dps), b_qs * b_dn, input_precision=DOT)
-                            + tl.dot(tl.trans(b_das * b_bs[:, None]), b_ks * b_dn, input_precision=DOT))
-        b_rp *= b_dn
-        b_ra *= b_dn
-        if BOUNDED:
-            b_dpd = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dpf, 0.), 1)[:, None]  # dP[i, i]
-            b_rp += b_dpd * b_ks
-            b_cp += b_dpd * b_qs
-        else:
-            # diagonal sub-block, exact: loop over the row/column j inside s
-            p_cs = p_dP + (s * BC) * (H * BT) + s * BC
-            p_ca = p_dA + (s * BC) * (H * BT) + s * BC
-            for j in range(BC):
-                t_j = i_t * BT + s * BC + j
-                m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
-                b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
-                b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
-                b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, GATE)
-                # row side: i in s with i >= j
-                b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
-                b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
-                b_acol = tl.load(p_ca + o_c * (H * BT) + j)
-                b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
-                b_ra += b_acol[:, None] * b_kj[None, :] * b_er
-                # column side: j plays the row i, columns j' in s with j' <= j
-                b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
-                b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
-                b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
-                b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
-        _delta_intra_put(dq_in + o_bk, dk_in + o_bk, p_db, dq + o_bk, dk + o_bk, p_dbo, o_s, m_s, o_k, m_k,
-                         b_rp, b_ra, b_cp, b_ks, b_bs, H, K)
-        b_dg = b_qs * b_rp - b_ks * b_cp + b_ks * b_ra * b_bs[:, None]
-        p_dG = dG + (i_b.to(tl.int64) * Tp * H + i_h) * K + o_s[:, None] * (H * K) + o_k[None, :]
-        tl.store(p_dG, tl.load(p_dG, mask=m_k[None, :], other=0.) + b_dg, mask=m_k[None, :])
+        # diagonal sub-block, exact: loop over the row/column j inside s
+        p_cs = p_dP + (s * BC) * (H * BT) + s * BC
+        p_ca = p_dA + (s * BC) * (H * BT) + s * BC
+        for j in range(BC):
+            t_j = i_t * BT + s * BC + j
+            m_j = m_k & ((t_j + 0 * o_k) < T)        # broadcast first (see _delta_kkt_kernel)
+            b_kj = tl.load(k + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+            b_qj = tl.load(q + o_bk + t_j * (H * K) + o_k, mask=m_j, other=0.).to(tl.float32)
+            b_bj = tl.load(p_b + t_j * H, mask=t_j < T, other=0.).to(tl.float32)
+            b_gj = _delta_gate_row(p_g, t_j, o_k, m_k, H, K, 3)
+            # row side: i in s with i >= j
+            b_er = tl.exp(tl.where(o_c[:, None] >= j, b_gs - b_gj[None, :], 0.))
+            b_pcol = tl.load(p_cs + o_c * (H * BT) + j)                         # dP[i, j]
+            b_acol = tl.load(p_ca + o_c * (H * BT) + j)
+            b_rp += b_pcol[:, None] * b_kj[None, :] * b_er
+            b_ra += b_acol[:, None] * b_kj[None, :] * b_er
+            # column side: j plays the row i, columns j' in s with j' <= j
+            b_ec = tl.exp(tl.where(o_c[:, None] <= j, b_gj[None, :] - b_gs, 0.))
+            b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
+            b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
+            b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
+    _delta_intra_put(dq_in + o_bk, dk_in + o_bk, p_db, dq + o_bk, dk + o_bk, p_dbo, o_s, m_s, o_k, m_k,
+                     b_rp, b_ra, b_cp, b_ks, b_bs, H, K)
+    b_dg = b_qs * b_rp - b_ks * b_cp + b_ks * b_ra * b_bs[:, None]
+    p_dG = dG + (i_b.to(tl.int64) * Tp * H + i_h) * K + o_s[:, None] * (H * K) + o_k[None, :]
+    tl.store(p_dG, tl.load(p_dG, mask=m_k[None, :], other=0.) + b_dg, mask=m_k[None, :])
 
 
 # ----------------------------------------------------------------------------------------
@@ -1741,14 +1737,6 @@ def _delta_programs(NT, gate):
     """Programs along time of the A/P kernel and the in-chunk backward: one a chunk, or per key
     channel (gate 3) one a 16-row sub-chunk, which both kernels read back from program_id(0)."""
     return NT * (_DELTA_BT // _DELTA_BC if gate == 3 else 1)
-
-
-def _delta_intra_warps(gate, BK):
-    """Warps of the in-chunk backward: a sub-chunk's program (gate 3) or a chunk's, wider where 4
-    spill (Dk > 64)."""
-    if gate == 3:
-        return _DELTA_CHANNEL_WARPS
-    return _DELTA_WIDE_WARPS if BK > 64 else _DELTA_WARPS
 
 
 def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
@@ -1851,20 +1839,20 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
         USE_DHT=dht is not None, STORE_DH0=h0 is not None, DOT=dot, num_warps=_DELTA_WARPS,
         num_stages=_delta_seq_stages(q, BK))
     f32 = dict(device=q.device, dtype=torch.float32)
-    dq_in, dk_in = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32)
-    db_in = torch.empty(B, T, H, **f32)
-    dv = torch.empty_like(v)
-    dP, dA = torch.empty(B, Tp, H, BT, **f32), torch.empty(B, Tp, H, BT, **f32)
+    dq, dk, dv, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dG = torch.empty((B, Tp, H, K) if gate == 3 else (B, Tp, H), **f32) if gate else q  # q: placeholder
+    dq_in, dk_in, db_in, dP, dA = dq, dk, dbeta, q, q  # the main kernel's results are the gradients
+    if gate == 3:  # its partial sums, and dP and dA for the in-chunk kernel, a sub-chunk a program
+        dq_in, dk_in, db_in = torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, K, **f32), torch.empty(B, T, H, **f32)
+        dP, dA = torch.empty(B, Tp, H, BT, **f32), torch.empty(B, Tp, H, BT, **f32)
     _delta_bwd_main_kernel[(NT, B * H)](
         q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq_in, dk_in, dv, db_in, dG, dP, dA, scale,
         T, Tp, NT, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, GATE=gate, DOT=dot,
         num_warps=_DELTA_WIDE_WARPS if gate or BK > 64 else _DELTA_WARPS, num_stages=_DELTA_MAIN_STAGES)
-    dq, dk, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(beta)
-    _delta_bwd_intra_kernel[(_delta_programs(NT, gate), B * H)](
-        q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
-        BC=_DELTA_BC, BK=BK, GATE=gate, DOT=dot, BOUNDED=bounded,
-        num_warps=_delta_intra_warps(gate, BK))
+    if gate == 3:
+        _delta_bwd_intra_kernel[(_delta_programs(NT, gate), B * H)](
+            q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp, H=H, K=K, BT=BT,
+            BC=_DELTA_BC, BK=BK, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_CHANNEL_WARPS)
     dg = _absent(q)
     if gate:
         dg = torch.empty_like(g)
