@@ -608,6 +608,7 @@ def test_the_teacher_pass_issued_ahead_changes_no_number(setup, tmp_path, monkey
         assert len(on) == len(off) and all(torch.equal(a, b) for a, b in zip(on, off))
     if not gpu:
         assert runs[True][:2] == runs[False][:2]
-    else:  # the first step's loss to the bit; later ones may differ in their last bits, as they
-        # do between two runs in line there: a GPU's backward adds in no fixed order (atomics)
+    else:  # the first step's loss to the bit; later ones may differ in their last bits there
+        # between the first run in a process and the runs after it, ahead or in line alike
+        # (results/speed/README.md, "The teacher ahead")
         assert runs[True][0][0] == runs[False][0][0]
