@@ -1556,6 +1556,8 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
         # G_last enters through exp(G_last) h and exp(G_last - G): one extra term on the last row
         b_last = b_dgl * tl.exp(b_gl) + tl.sum(b_k * b_dkh, 0)                      # [BK]
         b_dg = tl.where(o_i[:, None] == BT - 1, b_dg + b_last[None, :], b_dg)
+        if GATE == 2:
+            b_dg = tl.sum(b_dg, 1)                                                   # [BT]
     if GATE == 3:
         p_dP = _delta_chunk_base(dP, i_b, i_t, i_h, Tp, H, BT)
         p_dA = _delta_chunk_base(dA, i_b, i_t, i_h, Tp, H, BT)
@@ -1563,10 +1565,11 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
         tl.store(p_dA + o_i[:, None] * (H * BT) + o_i[None, :], b_da)
         _delta_put(dG + (i_b.to(tl.int64) * Tp * H + i_h) * K, b_dg, o_t, o_t < Tp, o_k, m_k, H * K)
     else:
-        # the pairwise terms, with D_ij = exp(G_i - G_j) for i >= j (1 without a gate):
+        # the pairwise terms, with D_ij = exp(G_i - G_j) for i >= j (1 without a gate), one
+        # product at a time (each used up before the next: fewer registers live):
         #   dq_i += sum_j dP_ij D_ij k_j                      (P = scale q.k, scale folded into dP)
-        #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
         #   dk_i += beta_i sum_j dA_ij D_ij k_j,   dbeta_i += k_i . sum_j dA_ij D_ij k_j
+        #   dk_j += sum_i dP_ij D_ij q_i + sum_i beta_i dA_ij D_ij k_i
         #   dG   += q * (row terms of q) + k * (row terms of k) - k * (column terms of k)
         if GATE == 2:
             b_gt = tl.load(p_g + o_t * H)                                              # [BT]
@@ -1574,15 +1577,19 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
             b_dp = b_dp * b_d
             b_da = b_da * b_d
         b_rp = tl.dot(b_dp, b_k, input_precision=DOT)                                    # [BT, BK]
+        b_dq += b_rp
+        if GATE == 2:
+            b_dg += tl.sum(b_q * b_rp, 1)
         b_ra = tl.dot(b_da, b_k, input_precision=DOT)
+        b_dk += b_ra * b_b[:, None]
+        b_ra = tl.sum(b_ra * b_k, 1)                                                     # [BT]
+        b_db += b_ra
         b_cp = (tl.dot(tl.trans(b_dp), b_q, input_precision=DOT)
                 + tl.dot(tl.trans(b_da * b_b[:, None]), b_k, input_precision=DOT))
-        b_dq += b_rp
-        b_dk += b_cp + b_ra * b_b[:, None]
-        b_db += tl.sum(b_ra * b_k, 1)
+        b_dk += b_cp
         if GATE == 2:
-            b_dg += b_q * b_rp - b_k * b_cp + b_k * b_ra * b_b[:, None]
-            tl.store(dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h, tl.sum(b_dg, 1))
+            b_dg += b_b * b_ra - tl.sum(b_k * b_cp, 1)
+            tl.store(dG + i_b.to(tl.int64) * Tp * H + o_t * H + i_h, b_dg)
     _delta_put(dq + o_bk, b_dq, o_t, m_t, o_k, m_k, H * K)
     _delta_put(dk + o_bk, b_dk, o_t, m_t, o_k, m_k, H * K)
     tl.store(db + i_b.to(tl.int64) * T * H + o_t * H + i_h, b_db.to(db.dtype.element_ty), mask=m_t)
