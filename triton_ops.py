@@ -992,8 +992,9 @@ def chunk_decay_additive(q, k, v, g=None, initial_state=None, scale=None, chunk_
 # through rounding (a middle-row anchor does: fla issue #1240).
 #
 # Backward is written by hand: it reads the forward's W, chunk states and Vnew (kept, not
-# recomputed), the state gradient runs in reverse over chunks, and the gate gradient is a
-# reverse cumulative sum of dG.
+# recomputed), the state gradient runs in reverse over chunks, one kernel a chunk takes every
+# other gradient (per key channel all but the in-chunk pairwise terms, which the sub-chunk
+# programs add), and the gate gradient is a reverse cumulative sum of dG.
 #
 # References: Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence
 # Length" (arXiv 2406.06484; WY form); Yang et al., "Gated Delta Networks" (arXiv 2412.06464);
@@ -1015,8 +1016,9 @@ _DELTA_BC = 16  # sub-chunk length (tl.dot needs >= 16; 4 sub-chunks per chunk)
 _DELTA_BV = 64  # widest value block (the key block always covers all of Dk <= 256)
 _DELTA_WARPS = 4  # warps per program of every delta-rule kernel but those below
 # where 4 warps spill registers (compiled for sm_90 in bf16, scripts/kernel_smem.py): the main
-# backward with a gate or at Dk > 64. Not where nothing spills: DeltaNet's main backward at Dk 64 took 1.96 ms of
-# fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py)
+# backward with a gate or at Dk > 64. Not where nothing spilled: DeltaNet's main backward at Dk 64 took
+# 1.96 ms of fwd+bwd at 4 warps and 2.19 at 8 (8 x 4096 x 16 x 64, one H200, bench.py), before its
+# pairwise terms moved in (e4d732d: 248 bytes spilled at 4 warps, 32 at 8, not yet timed)
 _DELTA_WIDE_WARPS = 8
 # _delta_solve_kernel: 16x16 blocks, work for one warp. Its earlier form (each diagonal block's
 # substitution on its own, a row taken out of the registers by a sum) spilled 2,484 bytes a thread
