@@ -1598,19 +1598,6 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
 
 
 @triton.jit
-def _delta_intra_put(p_dqi, p_dki, p_dbi, p_dq, p_dk, p_db, o_r, m_r, o_k, m_k, b_rp, b_ra, b_cp, b_k, b_b,
-                     H: tl.constexpr, K: tl.constexpr):
-    # rows o_r of the in-chunk backward's results: the main kernel's dq, dk, dbeta plus the
-    # pairwise terms (row sums b_rp of dP, b_ra of dA; column sums b_cp)
-    b_dq = _delta_rows(p_dqi, o_r, m_r, o_k, m_k, H * K) + b_rp
-    b_dk = _delta_rows(p_dki, o_r, m_r, o_k, m_k, H * K) + b_cp + b_ra * b_b[:, None]
-    b_db = tl.load(p_dbi + o_r * H, mask=m_r, other=0.) + tl.sum(b_ra * b_k, 1)
-    _delta_put(p_dq, b_dq, o_r, m_r, o_k, m_k, H * K)
-    _delta_put(p_dk, b_dk, o_r, m_r, o_k, m_k, H * K)
-    tl.store(p_db + o_r * H, b_db.to(p_db.dtype.element_ty), mask=m_r)
-
-
-@triton.jit
 def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq, dk, dbeta, T, Tp,
                             H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                             BK: tl.constexpr, DOT: tl.constexpr, BOUNDED: tl.constexpr):
@@ -1707,8 +1694,14 @@ def _delta_bwd_intra_kernel(q, k, beta, gc, dP, dA, dq_in, dk_in, db_in, dG, dq,
             b_prow = tl.load(p_cs + j * (H * BT) + o_c)                         # dP[j, j']
             b_arow = tl.load(p_ca + j * (H * BT) + o_c) * b_bj
             b_cp += (b_prow[:, None] * b_qj[None, :] + b_arow[:, None] * b_kj[None, :]) * b_ec
-    _delta_intra_put(dq_in + o_bk, dk_in + o_bk, p_db, dq + o_bk, dk + o_bk, p_dbo, o_s, m_s, o_k, m_k,
-                     b_rp, b_ra, b_cp, b_ks, b_bs, H, K)
+    # the main kernel's dq, dk, dbeta of these rows plus the pairwise terms (row sums b_rp of dP,
+    # b_ra of dA; column sums b_cp)
+    b_dq = _delta_rows(dq_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_rp
+    b_dk = _delta_rows(dk_in + o_bk, o_s, m_s, o_k, m_k, H * K) + b_cp + b_ra * b_bs[:, None]
+    b_db = tl.load(p_db + o_s * H, mask=m_s, other=0.) + tl.sum(b_ra * b_ks, 1)
+    _delta_put(dq + o_bk, b_dq, o_s, m_s, o_k, m_k, H * K)
+    _delta_put(dk + o_bk, b_dk, o_s, m_s, o_k, m_k, H * K)
+    tl.store(p_dbo + o_s * H, b_db.to(p_dbo.dtype.element_ty), mask=m_s)
     b_dg = b_qs * b_rp - b_ks * b_cp + b_ks * b_ra * b_bs[:, None]
     p_dG = dG + (i_b.to(tl.int64) * Tp * H + i_h) * K + o_s[:, None] * (H * K) + o_k[None, :]
     tl.store(p_dG, tl.load(p_dG, mask=m_k[None, :], other=0.) + b_dg, mask=m_k[None, :])
