@@ -5,6 +5,7 @@ it, on random weights of SmolLM2-135M and random tokens (speed depends on neithe
     python scripts/train_speed.py                                # stages 1, 2, 3, lm at 512 and 2048
     python scripts/train_speed.py --lengths=512 --stages=3,lm --extra="--compile=false"
     python scripts/train_speed.py --mixer=kda --out=speed.md
+    python scripts/train_speed.py --mixer=attention --stages=3,lm --lengths=512   # stage 3's floor
     python scripts/train_speed.py --gpus=1,2,4,8 --stages=3 --lengths=512   # DDP scaling through torchrun
     python scripts/train_speed.py --lengths=512 --stages=3,lm --trees=../base,.   # a change against its base
 
@@ -13,10 +14,13 @@ Each row is one `python train.py` run of --steps optimizer steps at train.py's G
 changes (64 x 512 = 16 x 2048). Its speed is the log line of its last steps (the first steps
 compile and warm up), its peak memory the most allocated in the whole run, evals included.
 `lm` is the teacher's own training step (--mixer=attention --stage=lm), the yardstick of the
-stage-3 step. With more than one GPU a run goes through torchrun (DistributedDataParallel) with
-the same micro-batch on every GPU; given several counts, each stage and length is measured at
-each, and its efficiency is the tokens/s of n GPUs over n times one GPU's. Rows print as they
-finish; --out also appends them to a file, and every run's log stays under --work.
+stage-3 step. --mixer=attention --stages=3 distills a student that is a copy of the teacher:
+stage 3's floor, its teacher's pass and loss added to the teacher's own step, below which no
+student whose mixer costs what softmax attention does can go. With more than one GPU a run goes
+through torchrun (DistributedDataParallel) with the same micro-batch on every GPU; given several
+counts, each stage and length is measured at each, and its efficiency is the tokens/s of n GPUs
+over n times one GPU's. Rows print as they finish; --out also appends them to a file, and every
+run's log stays under --work.
 
 --trees compares checkouts of this project (another commit's files, from `git worktree add` or
 `git archive`) in one run: each row runs on every tree in turn, the trees alternating row by
@@ -138,6 +142,9 @@ def main():
         counts = [0]
     if min(counts + [args.steps]) < 1:
         ap.error(f"--steps={args.steps} and --gpus={args.gpus}: expected integers >= 1 (--gpus: one or a list, 1,2,4,8)")
+    if args.mixer == "attention" and "1" in args.stages.split(","):
+        ap.error("--mixer=attention --stages=1: stage 1 trains a student's mixers, and a copy of the "
+                 "teacher has none (stages 2, 3 and lm run)")
     import torch
 
     import model as M
@@ -146,8 +153,8 @@ def main():
     if torch.cuda.device_count() < max(counts):
         sys.exit(f"train_speed.py: needs {max(counts)} CUDA GPU(s), found {torch.cuda.device_count()} "
                  f"(train.py's GPU defaults are what it measures)")
-    if args.mixer not in M.MIXERS[1:]:
-        sys.exit(f"train_speed.py: --mixer={args.mixer!r}: expected one of {', '.join(M.MIXERS[1:])}")
+    if args.mixer not in M.MIXERS:
+        sys.exit(f"train_speed.py: --mixer={args.mixer!r}: expected one of {', '.join(M.MIXERS)}")
     stages = args.stages.split(",")
     if bad := [s for s in stages if s not in TARGETS]:
         sys.exit(f"train_speed.py: --stages: {bad[0]!r} is not one of {', '.join(TARGETS)}")

@@ -295,6 +295,7 @@ def test_data_reader_refuses_a_longer_mask_too(tmp_path):
     ("scripts/launch_sweep.py", "--set=_CONV_ROWS=32", "is not an integer launch constant"),
     ("scripts/launch_sweep.py", "--V=0", "--V: expected integers >= 1"),
     ("scripts/train_speed.py", "--trees=.,tests", "tests holds no train.py"),
+    ("scripts/train_speed.py", "--mixer=attention", "a copy of the teacher has none"),
 ])
 def test_the_other_scripts_check_their_numbers(script, bad, says):
     r = subprocess.run([sys.executable, script, bad], cwd=ROOT, capture_output=True, text=True)
