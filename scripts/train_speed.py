@@ -184,7 +184,8 @@ def main():
 
     settings = " ".join(f"--{k}={v}" for k, v in d.items() if k not in ("max_iters", "eval_interval", "eval_iters",
                                                                          "log_interval", "device", "peak_tflops"))
-    emit(f"## train.py speed, {args.mixer} student of SmolLM2-135M (random weights): "
+    student = "attention (a copy of the teacher)" if args.mixer == "attention" else args.mixer
+    emit(f"## train.py speed, {student} student of SmolLM2-135M (random weights): "
          f"{'/'.join(map(str, counts))} x {torch.cuda.get_device_name()}, "
          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n\nGPU defaults: {settings}; "
          f"{args.steps} steps a run{'; ' + args.extra if args.extra else ''}"
