@@ -112,6 +112,15 @@ def test_stages_chain_through_checkpoints_and_plots(setup, chain):
     assert blob["step"] == 8 and blob["settings"]["stage"] == "3" and blob["settings"]["learning_rate"] == 1e-2
 
 
+def test_a_copy_of_the_teacher_starts_stage3_at_the_teacher(setup, tmp_path):
+    # scripts/train_speed.py's floor of stage 3 distills --mixer=attention from the teacher: a
+    # student that is the teacher, whose first eval must find no distance to it
+    first = train.main(args(setup, stage="3", mixer="attention", init_from="teacher", out_dir=tmp_path / "out",
+                            max_iters=2, eval_interval=2))["val"][0]
+    assert first["step"] == 0 and first["kl"] == pytest.approx(0, abs=1e-6) and first["top1"] == 1.0
+    assert first["ce"] == pytest.approx(first["teacher_ce"], rel=1e-6)
+
+
 def test_instruction_aware_distillation_learns_the_teachers_answers_from_stage3(setup, chain, tmp_path):
     # sft_kd: stage 3's CE + KL on sft's chat data, from stage 3's checkpoint; both terms count the
     # assistant's tokens alone, so the KL it lowers is the one sft's evaluation reports
