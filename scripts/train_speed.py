@@ -5,7 +5,7 @@ it, on random weights of SmolLM2-135M and random tokens (speed depends on neithe
     python scripts/train_speed.py                                # stages 1, 2, 3, lm at 512 and 2048
     python scripts/train_speed.py --lengths=512 --stages=3,lm --extra="--compile=false"
     python scripts/train_speed.py --mixer=kda --out=speed.md
-    python scripts/train_speed.py --mixer=attention --stages=3,lm --lengths=512   # stage 3's floor
+    python scripts/train_speed.py --mixer=attention --stages=2,3,lm --lengths=512   # floor of stages 2, 3
     python scripts/train_speed.py --gpus=1,2,4,8 --stages=3 --lengths=512   # DDP scaling through torchrun
     python scripts/train_speed.py --lengths=512 --stages=3,lm --trees=../base,.   # a change against its base
 
@@ -14,8 +14,8 @@ Each row is one `python train.py` run of --steps optimizer steps at train.py's G
 changes (64 x 512 = 16 x 2048). Its speed is the log line of its last steps (the first steps
 compile and warm up), its peak memory the most allocated in the whole run, evals included.
 `lm` is the teacher's own training step (--mixer=attention --stage=lm), the yardstick of the
-stage-3 step. --mixer=attention --stages=3 distills a student that is a copy of the teacher:
-stage 3's floor, its teacher's pass and loss added to the teacher's own step, below which no
+stage-3 step. --mixer=attention distills a student that is a copy of the teacher: the floor of
+stages 2 and 3, their teacher's pass and loss added to the teacher's own step, below which no
 student whose mixer costs what softmax attention does can go. With more than one GPU a run goes
 through torchrun (DistributedDataParallel) with the same micro-batch on every GPU; given several
 counts, each stage and length is measured at each, and its efficiency is the tokens/s of n GPUs
