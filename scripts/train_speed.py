@@ -15,8 +15,8 @@ changes (64 x 512 = 16 x 2048). Its speed is the log line of its last steps (the
 compile and warm up), its peak memory the most allocated in the whole run, evals included.
 `lm` is the teacher's own training step (--mixer=attention --stage=lm), the yardstick of the
 stage-3 step. --mixer=attention distills a student that is a copy of the teacher: the floor of
-stages 2 and 3, their teacher's pass and loss added to the teacher's own step, below which no
-student whose mixer costs what softmax attention does can go. With more than one GPU a run goes
+stages 2 and 3, their teacher's pass and loss added to the teacher's own step, which no student
+whose mixer costs at least what softmax attention does can beat. With more than one GPU a run goes
 through torchrun (DistributedDataParallel) with the same micro-batch on every GPU; given several
 counts, each stage and length is measured at each, and its efficiency is the tokens/s of n GPUs
 over n times one GPU's. Rows print as they finish; --out also appends them to a file, and every
