@@ -12,7 +12,9 @@ it, on random weights of SmolLM2-135M and random tokens (speed depends on neithe
 Each row is one `python train.py` run of --steps optimizer steps at train.py's GPU defaults
 (micro-batch, accumulation, compile, ...), with the micro-batch's tokens kept as the length
 changes (64 x 512 = 16 x 2048). Its speed is the log line of its last steps (the first steps
-compile and warm up), its peak memory the most allocated in the whole run, evals included.
+compile and warm up), its peak memory the most allocated in the whole run, evals included, and
+its loss at the last step with its last val loss: a change for speed shows beside its base that
+it trains the same numbers (random weights, the same seed).
 `lm` is the teacher's own training step (--mixer=attention --stage=lm), the yardstick of the
 stage-3 step. --mixer=attention distills a student that is a copy of the teacher: the floor of
 stages 2 and 3, their teacher's pass and loss added to the teacher's own step, which no student
@@ -85,9 +87,26 @@ def setup(work, mixer, tree=ROOT):
     return teacher_pt, student_pt, data
 
 
+def parse(log):
+    """What a row reports of a train.py log: (tok/s, MFU, ms a step) of its last step line, the
+    most memory it peaked at (GiB), its loss at that step and its last evaluation's val loss
+    (the numbers a change for speed must keep). None without a step line."""
+    steps = [line for line in log.splitlines() if line.startswith("step ")]
+    if not steps:
+        return None
+    last = steps[-1]
+    tok_s = float(re.search(r"([\d,]+) tok/s", last).group(1).replace(",", ""))
+    mfu = re.search(r"mfu ([^ ]+)", last).group(1)
+    ms = float(re.search(r"\| (\d+) ms \|", last).group(1))
+    mem = re.findall(r"peak mem ([\d.]+) GiB", log)
+    val = re.findall(r"^eval step \d+: val loss ([^ ]+)", log, re.M)
+    return (tok_s, mfu, ms, float(mem[-1]) if mem else float("nan"),
+            float(re.search(r" loss ([^ ]+) \|", last).group(1)), float(val[-1]) if val else float("nan"))
+
+
 def run(args, stage, length, batch, gpus, paths, tree=ROOT, tag=""):
-    """One train.py run of tree on `gpus` GPUs; returns its log line numbers: tok/s (all GPUs
-    together), MFU, ms a step, peak GiB, seconds. tag names the tree in the run's files."""
+    """One train.py run of tree on `gpus` GPUs; returns parse()'s numbers of its log and the run's
+    seconds. tag names the tree in the run's files."""
     teacher_pt, student_pt, data = paths
     name = f"stage{stage}_{length}" + (f"_{gpus}gpu" if gpus > 1 else "") + tag
     launcher = [sys.executable] if gpus == 1 else [
@@ -106,16 +125,11 @@ def run(args, stage, length, batch, gpus, paths, tree=ROOT, tag=""):
     log = proc.stdout + proc.stderr
     with open(os.path.join(args.work, name + ".log"), "w") as f:
         f.write(" ".join(cmd) + "\n" + log)
-    steps = [line for line in log.splitlines() if line.startswith("step ")]
-    mem = re.findall(r"peak mem ([\d.]+) GiB", log)
-    if proc.returncode or not steps:
+    numbers = parse(log)
+    if proc.returncode or numbers is None:
         tail = log.strip().splitlines()[-1] if log.strip() else f"exit {proc.returncode}"
         raise RuntimeError(f"{name}: {tail} (log: {os.path.join(args.work, name + '.log')})")
-    last = steps[-1]
-    tok_s = float(re.search(r"([\d,]+) tok/s", last).group(1).replace(",", ""))
-    mfu = re.search(r"mfu ([^ ]+)", last).group(1)
-    ms = float(re.search(r"\| (\d+) ms \|", last).group(1))
-    return tok_s, mfu, ms, float(mem[-1]) if mem else float("nan"), time.time() - t0
+    return *numbers, time.time() - t0
 
 
 def main():
@@ -192,8 +206,9 @@ def main():
          + (f"; trees, each row in this order: {', '.join(f'{names[t]} ({t})' for t in trees)}" if several else "")
          + "\n")
     tree_col = ("| tree ", "|---") if several else ("", "")
-    emit(f"{tree_col[0]}| stage | length x micro-batch | GPUs | tokens/s | target | MFU | step | peak memory | run |")
-    emit(f"{tree_col[1]}|---|---|---|---|---|---|---|---|---|")
+    emit(f"{tree_col[0]}| stage | length x micro-batch | GPUs | tokens/s | target | MFU | step | peak memory | "
+         f"loss (val) at the last step | run |")
+    emit(f"{tree_col[1]}|---|---|---|---|---|---|---|---|---|---|")
     speed = {}  # (tree, stage, length, gpus) -> tokens/s
     for length in lengths:
         for stage in stages:
@@ -202,17 +217,17 @@ def main():
                 for i, t in enumerate(trees):
                     cell = f"| {names[t]} " if several else ""
                     try:
-                        tok_s, mfu, ms, gib, secs = run(args, stage, length, batch, gpus, paths[t], t,
-                                                        f"_tree{i}" if several else "")
+                        tok_s, mfu, ms, gib, loss, val, secs = run(args, stage, length, batch, gpus, paths[t], t,
+                                                                   f"_tree{i}" if several else "")
                     except RuntimeError as e:
-                        emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | failed: {e} | | | | | |")
+                        emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | failed: {e} | | | | | | |")
                         continue
                     speed[t, stage, length, gpus] = tok_s
                     target = TARGETS[stage] * gpus
                     ok = "" if length != 512 else " (met)" if tok_s >= target else " (not met)"
                     emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | {tok_s:,.0f} | {target:,}{ok} | {mfu} | "
                          f"{ms:.0f} ms | {gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | "
-                         f"{secs:.0f} s |")
+                         f"{loss:.4f} ({val:.4f}) | {secs:.0f} s |")
     for t in trees:
         of = f"{names[t]}, " if several else ""
         for length in lengths:

@@ -6,13 +6,15 @@ stage 1 moves only the mixers and their input norms (not a hybrid's kept softmax
 bitwise the same losses and weights; --compile computes the same losses; autocast in bf16 on a
 GPU only; bad settings stop with a readable message. Long-context distillation switches to its
 length at its step with the tokens of a step kept, leaves the steps before it and the evals as
-they were, and resumes bitwise from either side of the switch.
+they were, and resumes bitwise from either side of the switch. scripts/train_speed.py's rows read a
+run's last step and val loss from its log.
 """
 
 import math
 import os
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -420,6 +422,22 @@ def test_the_log_line_times_steps_alone(monkeypatch):
     meter.restart(3)  # the eval at step 3 ends at t = 123
     line = meter.line(4, 1.0, 0.1)  # t = 124
     assert "| 1000 ms |" in line and "eta 0:00:06" in line, line
+
+
+def test_train_speeds_row_reads_the_runs_last_step_and_val_loss(setup, tmp_path, capsys):
+    # scripts/train_speed.py reports a run's speed and its losses from train.py's log: those of its
+    # last step and its last evaluation, as the run's history has them
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    import train_speed
+
+    capsys.readouterr()
+    history = train.main(args(setup, stage="3", init_from="teacher", out_dir=tmp_path / "out", max_iters=4,
+                              eval_interval=4, log_interval=2))
+    tok_s, mfu, ms, gib, loss, val = train_speed.parse(capsys.readouterr().out)
+    assert history["train"][-1][0] == 4 and loss == round(history["train"][-1][1], 4)
+    assert history["val"][-1]["step"] == 4 and val == round(history["val"][-1]["loss"], 4)
+    assert tok_s > 0 and ms > 0 and mfu == "-" and math.isnan(gib)  # no GPU: no MFU, no peak memory
+    assert train_speed.parse("eval step 0: val loss 1.0 | ppl 2.72") is None  # no step line
 
 
 def test_schedules_warm_up_and_decay_to_the_floor():
