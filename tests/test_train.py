@@ -26,6 +26,8 @@ import model as M
 import train
 from data import Data
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
 MIXER = "gated_deltanet"
 
 
@@ -427,7 +429,6 @@ def test_the_log_line_times_steps_alone(monkeypatch):
 def test_train_speeds_row_reads_the_runs_last_step_and_val_loss(setup, tmp_path, capsys):
     # scripts/train_speed.py reports a run's speed and its losses from train.py's log: those of its
     # last step and its last evaluation, as the run's history has them
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
     import train_speed
 
     capsys.readouterr()
@@ -530,9 +531,6 @@ def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path
 
 
 def test_profile_writes_a_table_and_a_trace_and_no_checkpoint(setup, capsys):
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
     import profile_train
 
     out = setup / "profiled"
