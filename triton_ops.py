@@ -1323,7 +1323,8 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, kg, T, Tp, H: tl.constexpr, K: tl
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
-    b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
+    dt = k.dtype.element_ty  # the products' operands in the inputs' dtype (fp32: exact products)
+    b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT]
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
     b_k = _delta_rows(p_k, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
@@ -1336,14 +1337,14 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, kg, T, Tp, H: tl.constexpr, K: tl
             _delta_put(kg + (i_b.to(tl.int64) * T * H + i_h) * K, b_k * tl.exp(b_gl[None, :] - b_g),
                        o_t, m_t, o_k, m_k, H * K)
         b_kb = b_kb * tl.exp(b_g)
-    _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_kb, input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
+    _delta_put(w + (i_b.to(tl.int64) * T * H + i_h) * K, tl.dot(b_T, b_kb.to(dt), input_precision=DOT), o_t, m_t, o_k, m_k, H * K)
     p_v = v + (i_b.to(tl.int64) * T * H + i_h) * V
     p_u = u + (i_b.to(tl.int64) * T * H + i_h) * V
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         b_v = _delta_rows(p_v, o_t, m_t, o_v, m_v, H * V).to(tl.float32) * b_b[:, None]
-        _delta_put(p_u, tl.dot(b_T, b_v, input_precision=DOT), o_t, m_t, o_v, m_v, H * V)
+        _delta_put(p_u, tl.dot(b_T, b_v.to(dt), input_precision=DOT), o_t, m_t, o_v, m_v, H * V)
 
 
 @triton.jit
@@ -1493,8 +1494,9 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
+    dt = q.dtype.element_ty  # every product's operands in the inputs' dtype (fp32: exact products)
     p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
-    b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT] fp32
+    b_Tt = tl.trans(tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :]))          # [BT, BT] T^T
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_h = h + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V
     p_dh = dh + ((i_b.to(tl.int64) * NT + i_t) * H + i_h) * K * V
@@ -1512,18 +1514,18 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
         b_h = _delta_rows(p_h, o_k, m_k, o_v, m_v, V)                               # [BK, BV]
         b_dh = _delta_rows(p_dh, o_k, m_k, o_v, m_v, V)
         b_vn = _delta_rows(vn + o_bv, o_t, m_t, o_v, m_v, H * V)                     # [BT, BV]
-        b_dvn = _delta_rows(dvn + o_bv, o_t, m_t, o_v, m_v, H * V)                   # fp32
-        b_do = _delta_rows(do + o_bv, o_t, m_t, o_v, m_v, H * V)
+        b_dvn = _delta_rows(dvn + o_bv, o_t, m_t, o_v, m_v, H * V)
+        b_do = _delta_rows(do + o_bv, o_t, m_t, o_v, m_v, H * V).to(dt)
         b_v = _delta_rows(v + o_bv, o_t, m_t, o_v, m_v, H * V).to(tl.float32)
-        b_ht = tl.trans(b_h).to(b_do.dtype)                                          # [BV, BK]
+        b_ht = tl.trans(b_h).to(dt)                                                  # [BV, BK]
         b_dqi += tl.dot(b_do, b_ht, input_precision=DOT)
-        b_dkh += tl.dot(b_vn, tl.trans(b_dh).to(b_vn.dtype), input_precision=DOT)
-        b_dw -= tl.dot(b_dvn.to(b_do.dtype), b_ht, input_precision=DOT)
-        b_dp += tl.dot(b_do, tl.trans(b_vn), input_precision=DOT)
-        b_dxu = tl.dot(tl.trans(b_T), b_dvn, input_precision=DOT)                                        # dU -> d(beta V)
+        b_dkh += tl.dot(b_vn.to(dt), tl.trans(b_dh).to(dt), input_precision=DOT)
+        b_dw -= tl.dot(b_dvn, b_ht, input_precision=DOT)
+        b_dp += tl.dot(b_do, tl.trans(b_vn).to(dt), input_precision=DOT)
+        b_dxu = tl.dot(b_Tt, b_dvn, input_precision=DOT)                                                 # dU -> d(beta V)
         _delta_put(dv + o_bv, b_dxu * b_b[:, None], o_t, m_t, o_v, m_v, H * V)
         b_db += tl.sum(b_dxu * b_v, 1)
-        b_dT += tl.dot(b_dvn, tl.trans(b_v * b_b[:, None]), input_precision=DOT)
+        b_dT += tl.dot(b_dvn, tl.trans(b_v * b_b[:, None]).to(dt), input_precision=DOT)
         b_dgl += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
     o_bk = (i_b.to(tl.int64) * T * H + i_h) * K
     b_q = _delta_rows(q + o_bk, o_t, m_t, o_k, m_k, H * K).to(tl.float32)
@@ -1541,14 +1543,14 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
         b_eg = tl.full([BT, 1], 1., dtype=tl.float32)
         b_egl = tl.full([BT, 1], 1., dtype=tl.float32)
     b_xw = b_k * b_b[:, None] * b_eg                                                # beta K e^G
-    b_dT += tl.dot(b_dw, tl.trans(b_xw), input_precision=DOT)
-    b_dxw = tl.dot(tl.trans(b_T), b_dw, input_precision=DOT)                                             # dW -> d(beta K e^G)
+    b_dT += tl.dot(b_dw.to(dt), tl.trans(b_xw).to(dt), input_precision=DOT)
+    b_dxw = tl.dot(b_Tt, b_dw.to(dt), input_precision=DOT)                                               # dW -> d(beta K e^G)
     b_dkw = b_dxw * b_b[:, None] * b_eg
     b_dkh = b_dkh * b_egl
     b_db += tl.sum(b_dxw * b_k * b_eg, 1)
     b_dq = b_dqi * scale * b_eg
     # T = (I + A)^-1  =>  dA = -T^T dT T^T, strictly lower
-    b_da = -tl.dot(tl.dot(tl.trans(b_T), b_dT, input_precision=DOT), tl.trans(b_T), input_precision=DOT)
+    b_da = -tl.dot(tl.dot(b_Tt, b_dT.to(dt), input_precision=DOT).to(dt), b_Tt, input_precision=DOT)
     b_da = tl.where(o_i[:, None] > o_i[None, :], b_da, 0.)
     b_dp = tl.where(o_i[:, None] >= o_i[None, :], b_dp * scale, 0.)
     b_dk = b_dkw + b_dkh
@@ -1578,16 +1580,17 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
             b_d = tl.exp(tl.where(o_i[:, None] >= o_i[None, :], b_gt[:, None] - b_gt[None, :], 0.))
             b_dp = b_dp * b_d
             b_da = b_da * b_d
-        b_rp = tl.dot(b_dp, b_k, input_precision=DOT)                                    # [BT, BK]
+        b_kd = b_k.to(dt)
+        b_rp = tl.dot(b_dp.to(dt), b_kd, input_precision=DOT)                            # [BT, BK]
         b_dq += b_rp
         if GATE == 2:
             b_dg += tl.sum(b_q * b_rp, 1)
-        b_ra = tl.dot(b_da, b_k, input_precision=DOT)
+        b_ra = tl.dot(b_da.to(dt), b_kd, input_precision=DOT)
         b_dk += b_ra * b_b[:, None]
         b_ra = tl.sum(b_ra * b_k, 1)                                                     # [BT]
         b_db += b_ra
-        b_cp = (tl.dot(tl.trans(b_dp), b_q, input_precision=DOT)
-                + tl.dot(tl.trans(b_da * b_b[:, None]), b_k, input_precision=DOT))
+        b_cp = (tl.dot(tl.trans(b_dp).to(dt), b_q.to(dt), input_precision=DOT)
+                + tl.dot(tl.trans(b_da * b_b[:, None]).to(dt), b_kd, input_precision=DOT))
         b_dk += b_cp
         if GATE == 2:
             b_dg += b_b * b_ra - tl.sum(b_k * b_cp, 1)
@@ -1754,7 +1757,7 @@ def _delta_prepare(q, k, v, beta, g, scale, gate, bounded):
     _delta_kkt_kernel[(_delta_programs(NT, gate), B * H)](
         q, k, beta, gc, A, P, scale, T, Tp, H=H, K=K, BT=BT, BC=BC, BK=BK,
         GATE=gate, DOT=dot, BOUNDED=bounded, num_warps=_DELTA_CHANNEL_WARPS if gate == 3 else _DELTA_WARPS)
-    Ai = torch.empty_like(A)
+    Ai = torch.empty_like(P)  # solved in fp32, stored in the inputs' dtype: only read as a dot operand
     _delta_solve_kernel[(NT, B * H)](A, Ai, H=H, BT=BT, BC=BC, num_warps=_DELTA_SOLVE_WARPS)
     return gc, Ai, P
 
@@ -1812,7 +1815,7 @@ def _(q, k, v, beta, g, h0, scale, bounded):
     gate = _delta_gate_code(g)
     gc = q.new_empty((B, Tp, H, K) if gate == 3 else (B, Tp, H), dtype=torch.float32) if gate else _absent(q)
     return (torch.empty_like(v), q.new_empty(B, H, K, v.shape[-1], dtype=torch.float32), gc,
-            q.new_empty(B, Tp, H, BT, dtype=torch.float32), q.new_empty(B, Tp, H, BT),
+            q.new_empty(B, Tp, H, BT), q.new_empty(B, Tp, H, BT),
             torch.empty_like(k), q.new_empty(B, Tp // BT, H, K, v.shape[-1]), torch.empty_like(v))
 
 
@@ -1831,7 +1834,7 @@ def _delta_rule_bwd(do: torch.Tensor, dht: Optional[torch.Tensor], q: torch.Tens
         gc = q  # placeholder pointer (GATE 0 never reads it)
     do = do.contiguous()
     dh = torch.empty_like(h)
-    dvn = torch.empty(B, T, H, V, device=q.device, dtype=torch.float32)
+    dvn = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)  # read as the main kernel's operand
     dh0 = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32) if h0 is not None else None
     BVs = _delta_bv_seq(B, H, V, BV)
     # q stands in as the pointer of an absent dht or dh0 (USE_DHT, STORE_DH0 false: never touched)

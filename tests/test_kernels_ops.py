@@ -276,6 +276,24 @@ def test_opcheck(name):
     assert all(r == "SUCCESS" for r in results.values()), results
 
 
+def test_delta_rule_keeps_its_inverse_in_the_inputs_dtype():
+    """T = (I + A)^-1, kept for the backward, is stored in the inputs' dtype (it is only ever a
+    product's operand), by the real operator and its fake alike; the state stays fp32. Checked on
+    dtypes and shapes only: the interpreter's bf16 values are not meaningful on a CPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    gen = torch.Generator(DEV).manual_seed(4)
+    q, k, v = (rnd(gen, 1, T, H, d, grad=False).bfloat16() for d in (K, K, V))
+    k = F.normalize(k.float(), dim=-1).bfloat16()
+    beta = torch.sigmoid(torch.randn(1, T, H, generator=gen, device=DEV)).bfloat16()
+    g = logdecay(gen, 1, T, H, grad=False)
+    args = (q, k, v, beta, g, None, 0.3, False)
+    real = ops.delta_rule_fwd(*args)  # o, h_T, gc, Ai, P, W, h, Vnew
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = ops.delta_rule_fwd(*args)
+    assert real[3].dtype == torch.bfloat16 and real[1].dtype == torch.float32
+    assert [(x.dtype, x.shape) for x in real] == [(x.dtype, x.shape) for x in fake]
+
+
 # --- (c) distill_loss against PyTorch in float64 ---------------------------------------------
 
 def torch_distill_loss(z, t, y, ce_weight, kl_weight, temperature):
