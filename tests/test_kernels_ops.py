@@ -278,8 +278,8 @@ def test_opcheck(name):
 
 def test_delta_rule_keeps_its_inverse_in_the_inputs_dtype():
     """T = (I + A)^-1, kept for the backward, is stored in the inputs' dtype (it is only ever a
-    product's operand), by the real operator and its fake alike; the state stays fp32. Checked on
-    dtypes and shapes only: the interpreter's bf16 values are not meaningful on a CPU."""
+    product's operand), by the real operator and its fake alike; the final state h_T stays fp32.
+    Checked on dtypes and shapes only: the interpreter's bf16 values are not meaningful on a CPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     gen = torch.Generator(DEV).manual_seed(4)
     q, k, v = (rnd(gen, 1, T, H, d, grad=False).bfloat16() for d in (K, K, V))
