@@ -8,6 +8,7 @@ it, on random weights of SmolLM2-135M and random tokens (speed depends on neithe
     python scripts/train_speed.py --mixer=attention --stages=2,3,lm --lengths=512   # floor of stages 2, 3
     python scripts/train_speed.py --gpus=1,2,4,8 --stages=3 --lengths=512   # DDP scaling through torchrun
     python scripts/train_speed.py --lengths=512 --stages=3,lm --trees=../base,.   # a change against its base
+    python scripts/train_speed.py --lengths=512 --stages=3 --trees=../base,. --rounds=4   # ABBAABBA, medians
 
 Each row is one `python train.py` run of --steps optimizer steps at train.py's GPU defaults
 (micro-batch, accumulation, compile, ...), with the micro-batch's tokens kept as the length
@@ -29,13 +30,19 @@ run's log stays under --work.
 row, so that a machine's drift over the run falls on each alike. Each tree's own code builds its
 teacher, student and corpus (the same seed, so the same numbers where its code is the same) and
 runs its own train.py, at this tree's micro-batch and length, its own defaults otherwise; a tree
-needs this script's setup() (every commit since 3b11c0f has it).
+needs this script's setup() (every commit since 3b11c0f has it). With --rounds=N each row runs N
+times on each tree, the order turned every round (A B, B A, A B, ...), and the comparison takes
+each tree's median over its N runs, printed with their range: over an even number of rounds a
+drift linear in time falls on each tree alike, and the median sets aside a run that stands apart
+(a machine's first after an idle spell). Where one tree's runs spread over more than a change,
+one pair of runs cannot tell the change from the spread.
 """
 
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,6 +111,21 @@ def parse(log):
             float(re.search(r" loss ([^ ]+) \|", last).group(1)), float(val[-1]) if val else float("nan"))
 
 
+def order(n_trees, rounds):
+    """(round, tree index) of a row's runs: each round runs every tree, the order turned every
+    round (0 1, 1 0, 0 1, ...)."""
+    return [(r, i if r % 2 == 0 else n_trees - 1 - i) for r in range(rounds) for i in range(n_trees)]
+
+
+def summary(runs):
+    """A tree's tokens/s over its runs of one row, as (median, text): the one value alone, or the
+    median with the range and the count of runs."""
+    med = statistics.median(runs)
+    if len(runs) == 1:
+        return med, f"{med:,.0f}"
+    return med, f"{med:,.0f} (median; {min(runs):,.0f} to {max(runs):,.0f} over {len(runs)} runs)"
+
+
 def run(args, stage, length, batch, gpus, paths, tree=ROOT, tag=""):
     """One train.py run of tree on `gpus` GPUs; returns parse()'s numbers of its log and the run's
     seconds. tag names the tree in the run's files."""
@@ -145,6 +167,8 @@ def main():
     ap.add_argument("--out", default="", help="also append the table to this file")
     ap.add_argument("--trees", default="", help="checkouts of this project to compare, comma-separated "
                                                  "(default: this one), each row on each in turn")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each row on each tree, the trees' order "
+                                                          "turned every round; rows and comparisons take medians")
     args = ap.parse_args()
     trees = [os.path.abspath(t) for t in args.trees.split(",")] if args.trees else [ROOT]
     if bad := [t for t in trees if not os.path.isfile(os.path.join(t, "train.py"))]:
@@ -156,6 +180,8 @@ def main():
         counts = [0]
     if min(counts + [args.steps]) < 1:
         ap.error(f"--steps={args.steps} and --gpus={args.gpus}: expected integers >= 1 (--gpus: one or a list, 1,2,4,8)")
+    if args.rounds < 1:
+        ap.error(f"--rounds={args.rounds}: expected an integer >= 1")
     if args.mixer == "attention" and "1" in args.stages.split(","):
         ap.error("--mixer=attention --stages=1: stage 1 trains a student's mixers, and a copy of the "
                  "teacher has none (stages 2, 3 and lm run)")
@@ -204,50 +230,59 @@ def main():
          f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n\nGPU defaults: {settings}; "
          f"{args.steps} steps a run{'; ' + args.extra if args.extra else ''}"
          + (f"; trees, each row in this order: {', '.join(f'{names[t]} ({t})' for t in trees)}" if several else "")
+         + (f"; {args.rounds} rounds, the order turned every round" if args.rounds > 1 else "")
          + "\n")
-    tree_col = ("| tree ", "|---") if several else ("", "")
+    named = several or args.rounds > 1  # a column names each run's tree (and its run)
+    tree_col = ("| tree ", "|---") if named else ("", "")
     emit(f"{tree_col[0]}| stage | length x micro-batch | GPUs | tokens/s | target | MFU | step | peak memory | "
          f"loss (val) at the last step | run |")
     emit(f"{tree_col[1]}|---|---|---|---|---|---|---|---|---|---|")
-    speed = {}  # (tree, stage, length, gpus) -> tokens/s
+    speed = {}  # (tree, stage, length, gpus) -> tokens/s of each of its runs
     for length in lengths:
         for stage in stages:
             batch = max(1, micro // length)
             for gpus in counts:
-                for i, t in enumerate(trees):
-                    cell = f"| {names[t]} " if several else ""
+                for r, i in order(len(trees), args.rounds):
+                    t = trees[i]
+                    cell = f"| {names[t]}{f', run {r + 1}' if args.rounds > 1 else ''} " if named else ""
+                    tag = (f"_tree{i}" if several else "") + (f"_run{r + 1}" if args.rounds > 1 else "")
                     try:
-                        tok_s, mfu, ms, gib, loss, val, secs = run(args, stage, length, batch, gpus, paths[t], t,
-                                                                   f"_tree{i}" if several else "")
+                        tok_s, mfu, ms, gib, loss, val, secs = run(args, stage, length, batch, gpus, paths[t], t, tag)
                     except RuntimeError as e:
                         emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | failed: {e} | | | | | | |")
                         continue
-                    speed[t, stage, length, gpus] = tok_s
+                    speed.setdefault((t, stage, length, gpus), []).append(tok_s)
                     target = TARGETS[stage] * gpus
                     ok = "" if length != 512 else " (met)" if tok_s >= target else " (not met)"
                     emit(f"{cell}| {stage} | {length} x {batch} | {gpus} | {tok_s:,.0f} | {target:,}{ok} | {mfu} | "
                          f"{ms:.0f} ms | {gib:.1f} GiB{'' if gib <= MAX_GIB else ' (over ' + str(MAX_GIB) + ')'} | "
                          f"{loss:.4f} ({val:.4f}) | {secs:.0f} s |")
+    med = {k: summary(v) for k, v in speed.items()}  # -> (median tokens/s, its text)
+    if args.rounds > 1:
+        emit("")
+        for (t, stage, length, gpus), (_, text) in med.items():
+            emit(f"{names[t]}: stage {stage}, length {length}, {gpus} GPU(s): {text} tokens/s")
     for t in trees:
         of = f"{names[t]}, " if several else ""
         for length in lengths:
             for gpus in counts:
-                if (t, "3", length, gpus) in speed and (t, "lm", length, gpus) in speed:
-                    r = speed[t, "lm", length, gpus] / speed[t, "3", length, gpus]
+                if (t, "3", length, gpus) in med and (t, "lm", length, gpus) in med:
+                    r = med[t, "lm", length, gpus][0] / med[t, "3", length, gpus][0]
                     emit(f"\n{of}length {length}, {gpus} GPU(s): the stage-3 step takes {r:.2f}x the teacher's own "
                          f"step per token (target: at most {RATIO}x)")
-        for (t2, stage, length, gpus), tok_s in speed.items():
-            if t2 == t and gpus > 1 and (t, stage, length, 1) in speed:
-                eff = tok_s / (gpus * speed[t, stage, length, 1])
+        for (t2, stage, length, gpus), (tok_s, _) in med.items():
+            if t2 == t and gpus > 1 and (t, stage, length, 1) in med:
+                eff = tok_s / (gpus * med[t, stage, length, 1][0])
                 emit(f"\n{of}stage {stage}, length {length}: {gpus} GPUs give {eff:.0%} of {gpus} times one GPU's "
                      f"tokens/s (target: at least {SCALING:.0%})")
     if several:  # each later tree against the first, row by row
         base = trees[0]
         for t in trees[1:]:
-            for (t2, stage, length, gpus), tok_s in speed.items():
-                if t2 == t and (base, stage, length, gpus) in speed:
+            for (t2, stage, length, gpus), (tok_s, _) in med.items():
+                if t2 == t and (base, stage, length, gpus) in med:
                     emit(f"\n{names[t]} against {names[base]}: stage {stage}, length {length}, {gpus} GPU(s): "
-                         f"{tok_s / speed[base, stage, length, gpus] - 1:+.1%} tokens/s")
+                         f"{tok_s / med[base, stage, length, gpus][0] - 1:+.1%} tokens/s"
+                         + (" (on the medians)" if args.rounds > 1 else ""))
     print(f"logs: {args.work}")
 
 

@@ -441,6 +441,53 @@ def test_train_speeds_row_reads_the_runs_last_step_and_val_loss(setup, tmp_path,
     assert train_speed.parse("eval step 0: val loss 1.0 | ppl 2.72") is None  # no step line
 
 
+
+def test_train_speed_rounds_turn_the_order_and_compare_medians(tmp_path, monkeypatch, capsys):
+    # --rounds=4 runs a row A B, B A, A B, B A and compares the trees' medians. Two equal trees on
+    # a machine that slows 10,000 tokens/s a run and runs its first run 30,000 faster still: equal
+    # medians, where the first round alone makes the first tree 21% faster
+    import train_speed
+
+    assert train_speed.order(2, 3) == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]
+    assert train_speed.order(3, 1) == [(0, 0), (0, 1), (0, 2)]
+    assert train_speed.summary([5.0]) == (5.0, "5")
+    assert train_speed.summary([3.0, 9.0, 4.0]) == (4.0, "4 (median; 3 to 9 over 3 runs)")
+    ran = []
+
+    def fake_run(args, stage, length, batch, gpus, paths, tree, tag):
+        ran.append((os.path.basename(tree), tag))
+        tok_s = 200_000 - 10_000 * (len(ran) - 1) + (30_000 if len(ran) == 1 else 0)
+        return tok_s, "20.0%", 160.0, 30.0, 11.0, 11.1, 50.0
+
+    trees = [tmp_path / name for name in ("base", "new")]
+    for t in trees:
+        t.mkdir()
+        (t / "train.py").write_text("")
+    monkeypatch.setattr(train_speed, "run", fake_run)
+    monkeypatch.setattr(train_speed, "setup", lambda work, mixer, tree: ("teacher.pt", "student.pt", "data"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a GPU")
+    argv = ["train_speed.py", "--lengths=512", "--stages=3", f"--trees={trees[0]},{trees[1]}", f"--work={tmp_path / 'work'}"]
+    monkeypatch.setattr(sys, "argv", argv + ["--rounds=4"])
+    capsys.readouterr()
+    train_speed.main()
+    out = capsys.readouterr().out
+    assert [tag for _, tag in ran] == ["_tree0_run1", "_tree1_run1", "_tree1_run2", "_tree0_run2",
+                                       "_tree0_run3", "_tree1_run3", "_tree1_run4", "_tree0_run4"]
+    assert all(name == ("base" if tag.startswith("_tree0") else "new") for name, tag in ran)
+    assert "| new, run 2 | 3 | 512 x 64 | 1 | 180,000 |" in out
+    # base ran 230k, 170k, 160k, 130k; new 190k, 180k, 150k, 140k
+    assert "base: stage 3, length 512, 1 GPU(s): 165,000 (median; 130,000 to 230,000 over 4 runs) tokens/s" in out
+    assert "new: stage 3, length 512, 1 GPU(s): 165,000 (median; 140,000 to 190,000 over 4 runs) tokens/s" in out
+    assert "new against base: stage 3, length 512, 1 GPU(s): +0.0% tokens/s (on the medians)" in out
+    ran.clear()
+    monkeypatch.setattr(sys, "argv", argv)  # one round: the pair as it always ran, no run numbers
+    train_speed.main()
+    out = capsys.readouterr().out
+    assert [tag for _, tag in ran] == ["_tree0", "_tree1"] and "| new | 3 | 512 x 64 | 1 | 190,000 |" in out
+    assert "new against base: stage 3, length 512, 1 GPU(s): -17.4% tokens/s\n" in out
+
+
 def test_schedules_warm_up_and_decay_to_the_floor():
     s = train.Settings(max_iters=100, learning_rate=1.0, warmup_frac=0.1, decay_frac=0.2, min_lr_frac=0.1, schedule="wsd",
                        data_dir="", init_from="teacher")
