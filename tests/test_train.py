@@ -14,6 +14,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -26,7 +27,8 @@ import model as M
 import train
 from data import Data
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 MIXER = "gated_deltanet"
 
@@ -488,6 +490,47 @@ def test_train_speed_rounds_turn_the_order_and_compare_medians(tmp_path, monkeyp
     assert "new against base: stage 3, length 512, 1 GPU(s): -17.4% tokens/s\n" in out
 
 
+
+def test_profile_parts_splits_the_committed_profiles_as_their_readme_does(tmp_path):
+    # scripts/profile_parts.py on the profiles of results/speed/h100_4cc8417/ gives the table of
+    # "Where the mixer's time goes" in results/speed/README.md (ms a step, to its tenth)
+    import profile_parts
+
+    d = os.path.join(ROOT, "results", "speed", "h100_4cc8417")
+    got = {}
+    for name in ("gdn", "attention", "kda"):
+        cols, least = profile_parts.parts(os.path.join(d, f"stage3_profile_{name}.txt"))
+        got[name] = {part: None if ms is None else round(ms, 1) for part, ms in cols}
+    gdn, floor, kda = got["gdn"], got["attention"], got["kda"]
+    assert (gdn["the device busy"], floor["the device busy"], kda["the device busy"]) == (172.4, 127.7, 195.7)
+    assert (gdn["matrix products"], floor["matrix products"], kda["matrix products"]) == (64.7, 60.3, 68.2)
+    assert (gdn["the delta rule, forward"], gdn["the delta rule, backward"]) == (13.5, 24.5)
+    assert (kda["the delta rule, forward"], kda["the delta rule, backward"]) == (18.7, 35.7)
+    assert (gdn["the short conv, forward"], gdn["the short conv, backward"]) == (3.0, 9.7)
+    assert (kda["the short conv, forward"], kda["the short conv, backward"]) == (2.9, 9.6)
+    assert gdn["the output norm, backward"] == 2.4 and kda["the output norm, backward"] is None  # below the rows
+    # the floor's SDPA: the teacher's forward and the student's, the student's backward
+    assert (floor["softmax attention, forward"], floor["softmax attention, backward"]) == (4.9, 10.1)
+    assert gdn["softmax attention, forward"] == 2.5 and floor["the delta rule, forward"] is None
+    assert (gdn["the fused CE + KL"], floor["the fused CE + KL"]) == (6.7, 6.8)
+    assert gdn["the rest"] == round(172.4 - 64.7 - 13.5 - 24.5 - 3.0 - 9.7 - 2.4 - 2.5 - 6.7, 1)
+    # the command: a column a profile, each later one's difference from the first ("-" where
+    # either lacks the part), the tables' smallest rows, a plot; a file that is no profile: one line
+    files = [os.path.join(d, f"stage3_profile_{n}.txt") for n in ("gdn", "attention")]
+    r = subprocess.run([sys.executable, "scripts/profile_parts.py", *files, "--names=gdn,floor",
+                        f"--plot={tmp_path / 'parts.png'}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "| ms a step | gdn | floor | floor - gdn |" in r.stdout
+    assert "| the device busy | 172.4 | 127.7 | -44.7 |" in r.stdout
+    assert "| the delta rule, forward | 13.5 | - | - |" in r.stdout
+    assert "| softmax attention, forward | 2.5 | 4.9 | 2.4 |" in r.stdout
+    assert "below its smallest row: gdn 2.41 ms, floor 1.43 ms a step" in r.stdout
+    assert (tmp_path / "parts.png").stat().st_size > 10_000
+    r = subprocess.run([sys.executable, "scripts/profile_parts.py", os.path.join(ROOT, "README.md")], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "not a GPU step table" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_schedules_warm_up_and_decay_to_the_floor():
     s = train.Settings(max_iters=100, learning_rate=1.0, warmup_frac=0.1, decay_frac=0.2, min_lr_frac=0.1, schedule="wsd",
                        data_dir="", init_from="teacher")
@@ -557,8 +600,6 @@ def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeyp
 def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path):
     """torchrun with 2 CPU processes (gloo) and 1 micro-step each = 1 process with 2 micro-steps:
     the same batches (part = micro-step * processes + rank) and the same averaged gradients."""
-    import subprocess
-    import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     common = args(setup, stage="lm", max_iters=3, eval_interval=3, resume="false")
