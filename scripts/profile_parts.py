@@ -6,15 +6,15 @@ Where a step's device time goes, from scripts/profile_train.py's tables: one col
 
 Each part is the device time a step (the table's Self CUDA over its profiled steps) of the
 operators that make it: the matrix products (aten::mm), the delta rule's and the additive
-family's operators, the short conv, the output norm, softmax attention (SDPA through cuDNN,
-flash or the memory-efficient kernel) and the fused CE + KL, each forward and backward; "the
-rest" is the device's busy time less all of them (Inductor's norms, activations and adds, the
-optimizer, and any part below the table's rows). A part missing from a table (not in that
-model, or below its rows: the footer gives each table's smallest row) prints "-", and so does
-its difference; it counts in that table's rest. Columns after the first have their difference
-from the first beside them:
-a student's profile first and the floor's (--mixer=attention) second gives what the floor does
-not spend, negated; a base first and a change second, what the change saves, negated.
+family's operators, the short conv, the decay, the output norm, softmax attention (SDPA through
+cuDNN, flash or the memory-efficient kernel; in a student's profile the teacher's forward) and
+the fused CE + KL, each forward and backward. "The rest" is the device's busy time less all of
+them: Inductor's norms, activations and adds, the optimizer, the aten calls inside an operator
+(its own Self CUDA leaves them out: the conv's backward sums dw with one), and any part below the
+table's rows. A part missing from a table (not in that model, or below its smallest row, which
+the footer gives) prints "-", and so does its difference. Each column after the first has beside
+it its difference from the first (later minus first): with a base first and a change second, a
+negative difference is time the change saves.
 """
 
 import argparse
@@ -30,6 +30,8 @@ PARTS = [  # (part, operators whose Self CUDA it sums)
     ("the additive family, backward", ["linearize::add_chunk_bwd"]),
     ("the short conv, forward", ["linearize::short_conv_fwd"]),
     ("the short conv, backward", ["linearize::short_conv_bwd"]),
+    ("the decay, forward", ["linearize::log_decay_fwd"]),
+    ("the decay, backward", ["linearize::log_decay_bwd"]),
     ("the output norm, forward", ["linearize::norm_fwd"]),
     ("the output norm, backward", ["linearize::norm_bwd"]),
     ("softmax attention, forward", ["aten::_cudnn_attention_forward", "aten::_flash_attention_forward",
@@ -42,27 +44,40 @@ UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def read(path):
-    """(steps, busy ms a step, {operator: Self CUDA ms over all its steps}) of one profile table."""
-    with open(path) as f:
-        text = f.read()
+    """(steps, busy ms a step, {operator: Self CUDA ms over all its steps}) of one profile table.
+    The columns are found by the header's names (split at runs of two spaces or more); a row is
+    its name, then one number a column, so its Self CUDA is counted from the row's end."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file") from None
     head = re.search(r"profile: (\d+) steps? .*?device busy ([\d.]+) ms a step", text)
     if not head:
         raise ValueError(f"{path}: not a GPU step table of scripts/profile_train.py (no 'profile: N "
                          f"steps ... device busy X ms a step' line)")
-    ops = {}
+    ops, numbers, at = {}, None, None
     for line in text.splitlines():
+        cols = re.split(r"\s{2,}", line.strip())
+        if numbers is None and cols[0] == "Name" and "Self CUDA" in cols:
+            numbers, at = len(cols) - 1, len(cols) - cols.index("Self CUDA")  # at: from the row's end
+            continue
         fields = line.split()
-        # name, then self CPU %, self CPU, CPU total %, CPU total, CPU avg, Self CUDA, ...: 10 numbers
-        if len(fields) >= 11 and fields[-1].isdigit():
-            m = re.fullmatch(r"([\d.]+)(us|ms|s)", fields[-5])
-            if m:
-                ops.setdefault(" ".join(fields[:-10]), float(m[1]) * UNITS[m[2]])
+        if numbers is None or len(fields) <= numbers or fields[0].startswith("-"):
+            continue
+        m = re.fullmatch(r"([\d.]+)(us|ms|s)", fields[-at])
+        name = " ".join(fields[:-numbers])
+        if m and name != "ProfilerStep*":  # the steps themselves, not an operator
+            ops.setdefault(name, float(m[1]) * UNITS[m[2]])  # an Inductor kernel's two rows: one kept
+    if not ops:
+        raise ValueError(f"{path}: no operator rows under a 'Name ... Self CUDA' header")
     return int(head[1]), float(head[2]), ops
 
 
 def parts(path):
     """([(part, ms a step or None where no operator of it is listed)], then ('the rest', ms) and
-    ('the device busy', ms); the smallest listed operator's ms a step)."""
+    ('the device busy', ms); the smallest listed operator's ms a step; the project's operators
+    (linearize::) that no part claims)."""
     steps, busy, ops = read(path)
     out = []
     for part, names in PARTS:
@@ -70,12 +85,18 @@ def parts(path):
         out.append((part, sum(got) / steps if got else None))
     out.append(("the rest", busy - sum(ms for _, ms in out if ms is not None)))
     out.append(("the device busy", busy))
-    return out, min(ops.values(), default=0.0) / steps
+    claimed = {n for _, names in PARTS for n in names}
+    unclaimed = sorted(n for n in ops if n.startswith("linearize::") and n not in claimed)
+    return out, min(ops.values()) / steps, unclaimed
+
+
+def fmt(ms):
+    """A table cell: ms to its tenth ("-" where missing; + 0.0: never "-0.0")."""
+    return "-" if ms is None else f"{round(ms, 1) + 0.0:.1f}"
 
 
 def table(paths, names):
-    cols, least = zip(*(parts(p) for p in paths))
-    fmt = lambda ms: "-" if ms is None else f"{round(ms, 1) + 0.0:.1f}"  # noqa: E731  (+ 0.0: no "-0.0")
+    cols, least, unclaimed = zip(*(parts(p) for p in paths))
     head = "| ms a step | " + " | ".join(
         names[:1] + [f"{n} | {n} - {names[0]}" for n in names[1:]]) + " |"
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
@@ -90,6 +111,9 @@ def table(paths, names):
         lines.append(f"| {part} | " + " | ".join(cells) + " |")
     lines.append("\n-: not among the table's rows (not in that model, or below its smallest row: "
                  + ", ".join(f"{n} {ms:.2f} ms" for n, ms in zip(names, least)) + " a step)")
+    for n, ops in zip(names, unclaimed):
+        if ops:
+            lines.append(f"{n}: in the rest, operators of no part: {', '.join(ops)}")
     return lines, cols
 
 
@@ -99,22 +123,18 @@ def plot(cols, names, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(names)))
-    labels = [part for part, _ in cols[0][:-1]]  # the parts and the rest, not the busy total
     colors = plt.get_cmap("tab20").colors
-    for j, c in enumerate(cols):
+    bars = {}  # part -> its first bar, for the legend, in the parts' order
+    for j, c in enumerate(cols):  # one bar a profile, its parts and the rest side by side
         left = 0.0
-        for k, (part, ms) in enumerate(c[:-1]):
+        for k, (part, ms) in enumerate(c[:-1]):  # not the busy total, which the bar's length is
             if ms:
-                ax.barh(j, ms, left=left, color=colors[k % len(colors)], label=part if j == 0 or not
-                        any(cols[i][k][1] for i in range(j)) else None)
+                bars.setdefault(k, (ax.barh(j, ms, left=left, color=colors[k % len(colors)]), part))
                 left += ms
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel("device time a step, ms")
-    handles, texts = ax.get_legend_handles_labels()
-    order = sorted(range(len(texts)), key=lambda i: labels.index(texts[i]))
-    ax.legend([handles[i] for i in order], [texts[i] for i in order], fontsize=7, loc="center left",
-              bbox_to_anchor=(1.01, 0.5))
+    ax.legend(*zip(*(bars[k] for k in sorted(bars))), fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
@@ -130,8 +150,12 @@ def main():
         names = [os.path.splitext(os.path.basename(p))[0] for p in args.profiles]
     if len(names) != len(args.profiles):
         ap.error(f"--names: {len(names)} names for {len(args.profiles)} profiles")
+    if any("|" in n for n in names):
+        ap.error("--names: a name holds '|', which would split the table's cells")
     if missing := [p for p in args.profiles if not os.path.isfile(p)]:
         ap.error(f"{missing[0]}: no such file")
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        ap.error(f"--plot={args.plot}: no such folder")
     try:
         lines, cols = table(args.profiles, names)
     except ValueError as e:

@@ -499,7 +499,7 @@ def test_profile_parts_splits_the_committed_profiles_as_their_readme_does(tmp_pa
     d = os.path.join(ROOT, "results", "speed", "h100_4cc8417")
     got = {}
     for name in ("gdn", "attention", "kda"):
-        cols, least = profile_parts.parts(os.path.join(d, f"stage3_profile_{name}.txt"))
+        cols, _, _ = profile_parts.parts(os.path.join(d, f"stage3_profile_{name}.txt"))
         got[name] = {part: None if ms is None else round(ms, 1) for part, ms in cols}
     gdn, floor, kda = got["gdn"], got["attention"], got["kda"]
     assert (gdn["the device busy"], floor["the device busy"], kda["the device busy"]) == (172.4, 127.7, 195.7)
@@ -529,6 +529,42 @@ def test_profile_parts_splits_the_committed_profiles_as_their_readme_does(tmp_pa
     r = subprocess.run([sys.executable, "scripts/profile_parts.py", os.path.join(ROOT, "README.md")], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "not a GPU step table" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_profile_parts_reads_each_unit_once_and_names_what_it_leaves_out(tmp_path):
+    # a table in profile_train.py's layout: Self CUDA in us, ms and s, an Inductor kernel listed
+    # twice (its launcher's row and its own: counted once), the steps' row left out, an operator
+    # of the project's that no part claims named in the footer; a table without rows refused
+    import profile_parts
+
+    cols = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg", "Self CUDA",
+            "Self CUDA %", "CUDA total", "CUDA time avg", "# of Calls"]
+
+    def row(name, self_cuda, calls=10):
+        return "  ".join([f"{name:>40}", "1.00%", "1.000ms", "1.00%", "1.000ms", "1.000us", self_cuda, "1.00%",
+                          "9.999s", "1.000ms", str(calls)])
+
+    rule = "  ".join(["-" * 40] + ["-" * 12] * 10)
+    head = "profile: 2 steps after 3 warm-up, 90.0 ms a step, device busy 80.0 ms a step (89%)\n\n"
+    table = [rule, "  ".join([f"{cols[0]:>40}"] + [f"{c:>12}" for c in cols[1:]]), rule,
+             row("ProfilerStep*", "1.500s"), row("aten::mm", "0.060s"), row("linearize::delta_rule_fwd", "3000.000us"),
+             row("linearize::delta_rule_bwd", "5.000ms"), row("triton_poi_fused_add_0", "2.000ms"),
+             row("triton_poi_fused_add_0", "2.000ms"), row("linearize::step_delta", "400.000us"), rule]
+    f = tmp_path / "stage3_profile.txt"
+    f.write_text(head + "\n".join(table) + "\n")
+    steps, busy, ops = profile_parts.read(str(f))
+    assert (steps, busy) == (2, 80.0) and "ProfilerStep*" not in ops
+    assert ops == {"aten::mm": 60.0, "linearize::delta_rule_fwd": 3.0, "linearize::delta_rule_bwd": 5.0,
+                   "triton_poi_fused_add_0": 2.0, "linearize::step_delta": 0.4}
+    got, least, unclaimed = profile_parts.parts(str(f))
+    got = dict(got)
+    assert (got["matrix products"], got["the delta rule, forward"], got["the delta rule, backward"]) == (30.0, 1.5, 2.5)
+    assert got["the rest"] == 80.0 - 30.0 - 1.5 - 2.5 and least == 0.2 and unclaimed == ["linearize::step_delta"]
+    lines, _ = profile_parts.table([str(f)], ["one"])
+    assert lines[-1] == "one: in the rest, operators of no part: linearize::step_delta"
+    f.write_text(head + "\n".join(table[:3]) + "\n")  # the header, no rows
+    with pytest.raises(ValueError, match="no operator rows"):
+        profile_parts.read(str(f))
 
 
 def test_schedules_warm_up_and_decay_to_the_floor():
