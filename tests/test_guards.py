@@ -296,6 +296,8 @@ def test_data_reader_refuses_a_longer_mask_too(tmp_path):
     ("scripts/launch_sweep.py", "--V=0", "--V: expected integers >= 1"),
     ("scripts/train_speed.py", "--trees=.,tests", "tests holds no train.py"),
     ("scripts/train_speed.py", "--mixer=attention", "a copy of the teacher has none"),
+    ("scripts/train_speed.py", "--rounds=0", "--rounds=0: expected an integer >= 1"),
+    ("scripts/profile_parts.py", "nosuch_profile.txt", "nosuch_profile.txt: no such file"),
 ])
 def test_the_other_scripts_check_their_numbers(script, bad, says):
     r = subprocess.run([sys.executable, script, bad], cwd=ROOT, capture_output=True, text=True)
