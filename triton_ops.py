@@ -1323,7 +1323,7 @@ def _delta_wu_kernel(k, v, beta, gc, Ai, w, u, kg, T, Tp, H: tl.constexpr, K: tl
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
-    dt = k.dtype.element_ty  # the products' operands in the inputs' dtype (fp32: exact products)
+    dt = k.dtype.element_ty  # the products' operands in the inputs' dtype (fp32 inputs: no-op casts, ieee products)
     b_T = tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :])                    # [BT, BT]
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)
     p_k = k + (i_b.to(tl.int64) * T * H + i_h) * K
@@ -1494,7 +1494,7 @@ def _delta_bwd_main_kernel(q, k, v, beta, gc, h, dh, vn, dvn, do, Ai, dq, dk, dv
     o_i = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    dt = q.dtype.element_ty  # every product's operands in the inputs' dtype (fp32: exact products)
+    dt = q.dtype.element_ty  # every product's operands in the inputs' dtype (fp32 inputs: no-op casts, ieee products)
     p_T = _delta_chunk_base(Ai, i_b, i_t, i_h, Tp, H, BT)
     b_Tt = tl.trans(tl.load(p_T + o_i[:, None] * (H * BT) + o_i[None, :]))          # [BT, BT] T^T
     b_b = tl.load(beta + i_b.to(tl.int64) * T * H + o_t * H + i_h, mask=m_t, other=0.).to(tl.float32)

@@ -168,7 +168,7 @@ def main():
     ap.add_argument("--trees", default="", help="checkouts of this project to compare, comma-separated "
                                                  "(default: this one), each row on each in turn")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each row on each tree, the trees' order "
-                                                          "turned every round; rows and comparisons take medians")
+                                                          "turned every round; comparisons take each tree's median")
     args = ap.parse_args()
     trees = [os.path.abspath(t) for t in args.trees.split(",")] if args.trees else [ROOT]
     if bad := [t for t in trees if not os.path.isfile(os.path.join(t, "train.py"))]:

@@ -131,7 +131,6 @@ def test_the_launch_sweep_stops_after_a_combination_loses_the_gpu(monkeypatch):
     assert triton_ops._CONV_BT == default
 
 
-
 def test_the_launch_sweep_sums_the_kernels_device_time(monkeypatch, capsys):
     # with --kernels each combination's kernels follow it, the slowest first, and their sum: the
     # device's time, which a host-timed eager call may not show; none where the profiler failed
@@ -145,6 +144,7 @@ def test_the_launch_sweep_sums_the_kernels_device_time(monkeypatch, capsys):
     assert out[at + 1:at + 4] == ["      0.625  b", "      0.250  a",
                                   "      0.875  the kernels together: the device's time of a forward + backward"]
     assert out[at + 4].startswith("_CONV_BT=64: ") and "together" not in out[at + 5] and len(out) == at + 6
+
 
 @pytest.mark.parametrize("H,D,l2,t0", [(3, 16, 2, 0), (2, 24, 2, 0), (2, 64, 0, 0), (1, 8, 2, 3)])
 def test_short_conv_cuts_q_k_v_and_normalizes_heads(H, D, l2, t0):

@@ -443,7 +443,6 @@ def test_train_speeds_row_reads_the_runs_last_step_and_val_loss(setup, tmp_path,
     assert train_speed.parse("eval step 0: val loss 1.0 | ppl 2.72") is None  # no step line
 
 
-
 def test_train_speed_rounds_turn_the_order_and_compare_medians(tmp_path, monkeypatch, capsys):
     # --rounds=4 runs a row A B, B A, A B, B A and compares the trees' medians. Two equal trees on
     # a machine that slows 10,000 tokens/s a run and runs its first run 30,000 faster still: equal
@@ -488,7 +487,6 @@ def test_train_speed_rounds_turn_the_order_and_compare_medians(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert [tag for _, tag in ran] == ["_tree0", "_tree1"] and "| new | 3 | 512 x 64 | 1 | 190,000 |" in out
     assert "new against base: stage 3, length 512, 1 GPU(s): -17.4% tokens/s\n" in out
-
 
 
 def test_profile_parts_splits_the_committed_profiles_as_their_readme_does(tmp_path):
@@ -636,13 +634,11 @@ def test_missing_default_data_names_the_prepare_command(setup, tmp_path, monkeyp
 def test_two_processes_train_like_one_with_twice_the_micro_steps(setup, tmp_path):
     """torchrun with 2 CPU processes (gloo) and 1 micro-step each = 1 process with 2 micro-steps:
     the same batches (part = micro-step * processes + rank) and the same averaged gradients."""
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     common = args(setup, stage="lm", max_iters=3, eval_interval=3, resume="false")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "train.py", *common, f"--out_dir={tmp_path / 'two'}"]
-    done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "2 x cpu" in done.stdout
     one = train.main(common + [f"--out_dir={tmp_path / 'one'}", "--grad_accum=2"])
