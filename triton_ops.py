@@ -2517,6 +2517,16 @@ def distill_loss(z, t, y, ce_weight=1.0, kl_weight=1.0, temperature=1.0):
 HEAD_ROWS = 4096  # rows of logits at a time in head_loss: [4096, V] in flight, not [B*T, V]
 
 
+def _add_product(acc, a, b):
+    """acc += a @ b, acc fp32 and a, b maybe bf16: the product summed into acc in fp32, never
+    rounded to a's dtype first. On CUDA the GEMM adds into acc itself (its fp32 accumulator, one
+    pass over acc); elsewhere through an fp32 product."""
+    if a.is_cuda and a.dtype != acc.dtype:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:  # the casts are no-ops where a is acc's dtype
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
 class _HeadLoss(torch.autograd.Function):
     """head_loss's loss with its gradient computed in the forward, a slice of rows at a time
     (the backward only scales the kept gradients by the incoming one)."""
@@ -2542,7 +2552,7 @@ class _HeadLoss(torch.autograd.Function):
                 continue
             dh[i:i + rows] = dz @ w
             if dw is not None:
-                dw += (dz.t() @ h_i).float()
+                _add_product(dw, dz.t(), h_i)
         ctx.save_for_backward(dh, dw)
         ctx.mark_non_differentiable(ce, kl)
         return ce_weight * ce + kl_weight * kl, ce, kl

@@ -331,6 +331,26 @@ def test_head_loss_in_slices_is_distill_loss_of_the_whole_logits(rows, teacher):
     assert out[True][3][0, :2].abs().max() == 0  # rows without a target give h no gradient
 
 
+@pytest.mark.parametrize("teacher", [True, False])
+def test_head_loss_adds_the_heads_gradient_in_fp32(teacher):
+    # under autocast each slice's logits and their gradient are bf16; the slice's share of the LM
+    # head's gradient goes into the fp32 sum unrounded, so how the rows are sliced moves that
+    # gradient by fp32 rounding alone (rounded to bf16 a slice at a time, ten slices moved it by
+    # about 1e-3 relative)
+    gen = torch.Generator().manual_seed(0)
+    h, w = torch.randn(2, 5, 16, generator=gen), torch.randn(300, 16, generator=gen)
+    th, tw = torch.randn(2, 5, 16, generator=gen), torch.randn(300, 16, generator=gen)
+    y = torch.randint(0, 300, (2, 5), generator=gen).to(DEV)
+    t = (th.to(DEV), tw.to(DEV)) if teacher else (None, None)
+    grads = []
+    for rows in (1, 1000):  # ten slices of a row, one of them all
+        ww = w.to(DEV).requires_grad_()
+        with torch.autocast(DEV, dtype=torch.bfloat16):
+            loss, _, _ = triton_ops.head_loss(h.to(DEV), ww, y, *t, rows=rows)
+        grads += torch.autograd.grad(loss, ww)
+    assert grads[0].dtype == torch.float32 and rel(grads[0], grads[1]) < 1e-5
+
+
 @gpu
 def test_short_conv_bf16_on_gpu():
     gen = torch.Generator().manual_seed(0)
