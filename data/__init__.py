@@ -70,6 +70,11 @@ class Data:
             mask = np.memmap(self.mask_path, dtype=np.uint8, mode="r")
             keep = torch.from_numpy(np.stack([mask[i + 1:i + 1 + self.T] for i in pos]).astype(bool))
             y = y.masked_fill(~keep, -1)
+        if torch.device(device).type == "cuda":
+            # from pinned memory, without waiting: a copy from pageable memory first waits for
+            # every kernel queued on the stream, and the host could not issue ahead of the device
+            return (x.pin_memory().to(device, non_blocking=True),
+                    y.pin_memory().to(device, non_blocking=True))
         return x.to(device), y.to(device)
 
     def sample(self, B, seed, step, part, device):

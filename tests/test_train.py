@@ -587,6 +587,21 @@ def test_chat_windows_start_at_conversations_and_mask_targets(setup):
         assert x[row].tolist() == tokens[p:p + 32].tolist() and y[row].tolist() == want.tolist()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a batch's copy to a GPU")
+def test_a_batch_reaches_the_gpu_without_waiting_for_the_gpu(setup):
+    # from pinned memory and asynchronously: a copy from pageable memory first waits for every
+    # kernel queued on the stream (torch's sync debug mode raises on such a wait), and the loop's
+    # host could not issue a step ahead of the device
+    data = Data(str(setup / "data"), "val", 32, chat=True)
+    want = data.get(np.arange(3), "cpu")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = data.get(np.arange(3), "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(g.is_cuda and torch.equal(g.cpu(), w) for g, w in zip(got, want))
+
+
 @pytest.mark.parametrize("bad, says", [
     (dict(stage="4"), ["--stage='4'", "1, 2, 3, sft"]),
     (dict(mixer="mamba"), ["--mixer='mamba'", "gated_deltanet"]),
