@@ -102,6 +102,8 @@ class Settings:
     #   (the student's blocks, the teacher's), not the whole step: less compiling, fewer fusions
     teacher_ahead: bool = False  # issue the next micro-step's teacher pass before this one's
     #   backward (on a GPU on a stream of its own, beside it): the same numbers
+    cuda_graph: bool = False  # one GPU: capture the step once as a CUDA graph and replay it, the
+    #   host issuing a step as one launch (the teacher's pass then in line: no --teacher_ahead)
     seed: int = 1337  # new mixer weights and the order of batches
     peak_tflops: float = 0.0  # per device, for MFU; 0 = no MFU
 
@@ -208,6 +210,8 @@ def check(s):
     with stops():
         checkpoint.check_device(s.device)
         distill.check_long(s)  # and against the teacher's context once it loads
+    if s.cuda_graph and not s.device.startswith("cuda"):
+        fail(f"--cuda_graph captures the step on a GPU; --device={s.device} has none")
     if s.init_from == "default":
         fail("--init_from=default: the offline teacher is --teacher=default, and "
              "--init_from=teacher builds a new student from it; --init_from=<checkpoint> starts "
@@ -309,6 +313,8 @@ def distributed(s):
     gloo)."""
     if "RANK" not in os.environ:
         return False, 0, 1, s.device
+    if s.cuda_graph:
+        fail("--cuda_graph runs on one GPU: run train.py without torchrun")
     dist.init_process_group("nccl" if s.device.startswith("cuda") else "gloo")
     device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if s.device.startswith("cuda") else s.device
     if device.startswith("cuda"):
@@ -444,6 +450,61 @@ def _tensors(out):
         yield from (v if isinstance(v, list) else [v])
 
 
+class StepGraph:
+    """--cuda_graph: the step's device work (each micro-step's teacher pass, the student's
+    forward and backward, the clip, AdamW) captured once as a CUDA graph, then replayed every
+    step with that step's batches copied into the graph's inputs. The host issues a step as one
+    launch, not thousands: on a host slower than the GPU the step took the host's time
+    (results/speed/README.md, "Where a stage-3 step waits"). The first `warm` steps of a length
+    run as usual, so that everything is compiled and allocated before the capture; a new length
+    (--long_block_size) runs `warm` more and is captured again. Serves `body` as its batches
+    (take and issue, as TeacherAhead)."""
+
+    def __init__(self, body, ahead, optimizer, device, warm=2):
+        self.body, self.ahead, self.optimizer, self.device = body, ahead, optimizer, device
+        self.warm = warm
+        self.graph, self.shape, self.seen, self.xs, self.ys = None, None, 0, [], []
+
+    def take(self, step, micro, B):
+        x = self.xs[micro]
+        return x, self.ys[micro], self.ahead.teacher_fn(x)
+
+    def issue(self, step, micro, B):
+        pass  # the teacher's pass is in line, inside the graph
+
+    def step(self, step, B, micro_steps):
+        """body's (loss, gradient norm) of step `step`; on a replay, tensors the next replay
+        overwrites."""
+        xs, ys = zip(*(self.ahead.batch(step, m, B) for m in range(micro_steps)))
+        if xs[0].shape != self.shape:  # the first step, or the switch to longer sequences
+            self.graph, self.shape, self.seen = None, xs[0].shape, 0
+        if self.seen < self.warm:
+            self.seen += 1
+            self.xs, self.ys = xs, ys
+            out = self.body(self, step, B)
+            self.optimizer.zero_grad(set_to_none=True)
+            return out
+        if self.graph is None:
+            self.capture(step, B)
+        for static, new in zip(self.xs + self.ys, xs + ys):
+            static.copy_(new)
+        self.graph.replay()
+        return self.out
+
+    def capture(self, step, B):
+        self.xs, self.ys = [x.clone() for x in self.xs], [y.clone() for y in self.ys]
+        for group in self.optimizer.param_groups:  # AdamW reads its lr from the device
+            group["capturable"] = True
+            if not torch.is_tensor(group["lr"]):
+                group["lr"] = torch.tensor(group["lr"], device=self.device)
+        self.optimizer.zero_grad(set_to_none=True)  # the backward makes them, in the graph's memory
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # the usual steps' cached memory: the graph has a pool of its own
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self.body(self, step, B)  # recorded, not run: the replay runs it
+
+
 def eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock):
     """Rank 0: the val metrics, then the checkpoint (past step 0) and the plot of the losses;
     their seconds go to the clock's "evals" and "checkpoints"."""
@@ -523,6 +584,8 @@ def main(argv=None, after_step=None):
     step, history = 0, {"train": [], "val": []}
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
+        for group in optimizer.param_groups:  # a --cuda_graph run's lr was a tensor: a capture
+            group["lr"], group["capturable"] = float(group["lr"]), False  # sets them again
         step, history = state["step"], state["history"]
         log(f"resuming {ckpt_path(s)} at step {step}")
     state = None  # free the checkpoint's copy of the weights
@@ -542,6 +605,27 @@ def main(argv=None, after_step=None):
     first = step + 1  # its time is compiling and warming up (torch.compile, Triton's JIT)
     ahead = TeacherAhead(train_data, s, rank, world, device,
                          lambda x: teacher_pass(teacher, x, s.stage))
+
+    def step_body(batches, step, B):
+        """One optimizer step on `batches` (ahead, or graph): its mean loss and gradient norm."""
+        loss_sum = 0.0
+        for micro in range(s.grad_accum):
+            # DDP averages gradients across GPUs only on the last micro-step
+            sync = not ddp or micro == s.grad_accum - 1
+            with nullcontext() if sync else train_model.no_sync():
+                with ctx:
+                    x, y, teacher_out = batches.take(step, micro, B)  # the teacher's pass: no_grad
+                    loss, parts = train_model(x, y, teacher_out)
+                    batches.issue(step, micro, B)  # the next teacher pass, beside the backward
+                (loss / s.grad_accum).backward()  # gradients add up over micro-steps: their mean
+            loss_sum = loss_sum + parts["loss"] / s.grad_accum  # a device tensor: no sync here
+        norm = clip(params, s.grad_clip, device)  # on the averaged gradient, after DDP's all-reduce
+        optimizer.step()
+        return loss_sum, norm
+
+    graph = StepGraph(step_body, ahead, optimizer, device) if s.cuda_graph else None
+    if graph is not None:
+        log("--cuda_graph: the step captured after its first 2 steps, the teacher's pass in line")
     if master and step == 0:
         # where the student starts
         eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)
@@ -549,26 +633,20 @@ def main(argv=None, after_step=None):
     while step < s.max_iters:
         lr = lr_at(step, s)  # a function of the step alone: resuming needs no schedule state
         for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = 0.0
+            if torch.is_tensor(group["lr"]):  # a captured step reads it on the device
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
         T, B = distill.length_at(step, s)  # --long_block_size: the last steps longer, B * T kept
         if T != ahead.data.T:  # the switch (or a resume past it); evals keep block_size, comparable
             ahead.data = Data(s.data_dir, "train", T, ahead.data.chat)
             log(f"step {step}: sequences of {T} tokens from here, {B} a micro-step")
-        for micro in range(s.grad_accum):
-            # DDP averages gradients across GPUs only on the last micro-step
-            sync = not ddp or micro == s.grad_accum - 1
-            with nullcontext() if sync else train_model.no_sync():
-                with ctx:
-                    x, y, teacher_out = ahead.take(step, micro, B)  # the teacher's pass: no_grad
-                    loss, parts = train_model(x, y, teacher_out)
-                    ahead.issue(step, micro, B)  # the next one's teacher pass, beside the backward
-                (loss / s.grad_accum).backward()  # gradients add up over micro-steps: their mean
-            loss_sum = loss_sum + parts["loss"] / s.grad_accum  # a device tensor: no sync here
-        norm = clip(params, s.grad_clip, device)  # on the averaged gradient, after DDP's all-reduce
+        if graph is None:
+            loss_sum, norm = step_body(ahead, step, B)
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            loss_sum, norm = graph.step(step, B, s.grad_accum)
         watch.record(step, loss_sum, norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         step += 1
 
         if step == first:

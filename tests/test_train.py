@@ -611,6 +611,7 @@ def test_a_batch_reaches_the_gpu_without_waiting_for_the_gpu(setup):
     (dict(stage="2", out_dir="EMPTY"), ["stage1.pt not found", f"python train.py --mixer={MIXER} --stage=1"]),
     (dict(data_dir="NOWHERE"), ["NOWHERE/train.bin not found"]),
     (dict(teacher="NOWHERE/t.pt"), ["--teacher=NOWHERE/t.pt", "no such file"]),
+    (dict(cuda_graph="true"), ["--cuda_graph", "--device=cpu has none"]),
     (dict(softmax_layers="0,2"), ["--softmax_layers='0,2'", "the teacher has 2 layers, numbered 0 to 1"]),
     (dict(softmax_layers="1,1"), ["--softmax_layers='1,1'", "a layer is named twice"]),
     (dict(softmax_layers="x"), ["--softmax_layers='x'", "such as 7,15,23"]),
@@ -736,6 +737,27 @@ def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_indu
     # layers (one a layer would be at least twice as many)
     assert 2 <= counters["stats"]["unique_graphs"] <= (4 if stage in ("1", "2") else 3)
     assert distill.layer_loss in compiled and distill.teacher_block in compiled
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("stage", ["1", "3"])
+def test_a_captured_step_trains_as_the_usual_loop(setup, tmp_path, monkeypatch, stage):
+    # --cuda_graph: two usual steps a length, then the step captured and replayed, its batches
+    # copied in; a switch to longer sequences captures again. The same losses as the usual loop
+    # (the teacher's pass in line in both) within 1e-5, relative; every other step a replay
+    replays, real = [], torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda g: (replays.append(1), real(g))[1])
+    runs = {}
+    for on in (False, True):
+        replays.clear()
+        h = train.main(args(setup, out_dir=tmp_path / str(on), stage=stage, init_from="teacher", max_iters=8,
+                            eval_interval=4, grad_accum=2, long_block_size=64, long_frac=0.5, teacher_ahead=False,
+                            cuda_graph=on, device="cuda", dtype="bfloat16"))
+        runs[on] = ([loss for _, loss in h["train"]], [v["loss"] for v in h["val"]], len(replays))
+    assert runs[False][2] == 0 and runs[True][2] == 4  # steps 3 and 4 at 32 tokens, 7 and 8 at 64
+    for off, on in zip(runs[False][0] + runs[False][1], runs[True][0] + runs[True][1]):
+        assert on == pytest.approx(off, rel=1e-5)
+    assert len(runs[True][0]) == 8 and len(runs[True][1]) == 3
 
 
 @pytest.mark.parametrize("stage", ["1", "2", "3"])
