@@ -498,6 +498,7 @@ class StepGraph:
             if not torch.is_tensor(group["lr"]):
                 group["lr"] = torch.tensor(group["lr"], device=self.device)
         self.optimizer.zero_grad(set_to_none=True)  # the backward makes them, in the graph's memory
+        checkpoint.wait()  # no other thread at work on the GPU's memory while the graph records
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the usual steps' cached memory: the graph has a pool of its own
         self.graph = torch.cuda.CUDAGraph()
