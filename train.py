@@ -463,7 +463,7 @@ class StepGraph:
     def __init__(self, body, ahead, optimizer, device, warm=2):
         self.body, self.ahead, self.optimizer, self.device = body, ahead, optimizer, device
         self.warm = warm
-        self.graph, self.shape, self.seen, self.xs, self.ys = None, None, 0, [], []
+        self.graph, self.out, self.shape, self.seen, self.xs, self.ys = None, None, None, 0, [], []
 
     def take(self, step, micro, B):
         x = self.xs[micro]
@@ -477,13 +477,12 @@ class StepGraph:
         overwrites."""
         xs, ys = zip(*(self.ahead.batch(step, m, B) for m in range(micro_steps)))
         if xs[0].shape != self.shape:  # the first step, or the switch to longer sequences
-            self.graph, self.shape, self.seen = None, xs[0].shape, 0
+            self.graph, self.out, self.shape, self.seen = None, None, xs[0].shape, 0
         if self.seen < self.warm:
             self.seen += 1
             self.xs, self.ys = xs, ys
-            out = self.body(self, step, B)
-            self.optimizer.zero_grad(set_to_none=True)
-            return out
+            self.optimizer.zero_grad(set_to_none=True)  # a replay's gradients are still there
+            return self.body(self, step, B)
         if self.graph is None:
             self.capture(step, B)
         for static, new in zip(self.xs + self.ys, xs + ys):
