@@ -743,8 +743,11 @@ def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_indu
 @pytest.mark.parametrize("stage", ["1", "3"])
 def test_a_captured_step_trains_as_the_usual_loop(setup, tmp_path, monkeypatch, stage):
     # --cuda_graph: two usual steps a length, then the step captured and replayed, its batches
-    # copied in; a switch to longer sequences captures again. The same losses as the usual loop
-    # (the teacher's pass in line in both) within 1e-5, relative; every other step a replay
+    # copied in; a switch to longer sequences captures again. The losses of the usual loop (the
+    # teacher's pass in line in both): the first step's within 1e-5, relative, and every one
+    # within 1e-3, where runs in one process on a GPU drift apart by up to 1.35e-4 from their
+    # second step (results/speed/README.md, "The teacher ahead") and a replay that kept one
+    # step's batches moves a loss of this run by 1% to 20% (on a CPU)
     replays, real = [], torch.cuda.CUDAGraph.replay
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda g: (replays.append(1), real(g))[1])
     runs = {}
@@ -755,8 +758,9 @@ def test_a_captured_step_trains_as_the_usual_loop(setup, tmp_path, monkeypatch, 
                             cuda_graph=on, device="cuda", dtype="bfloat16"))
         runs[on] = ([loss for _, loss in h["train"]], [v["loss"] for v in h["val"]], len(replays))
     assert runs[False][2] == 0 and runs[True][2] == 4  # steps 3 and 4 at 32 tokens, 7 and 8 at 64
+    assert runs[True][0][0] == pytest.approx(runs[False][0][0], rel=1e-5)
     for off, on in zip(runs[False][0] + runs[False][1], runs[True][0] + runs[True][1]):
-        assert on == pytest.approx(off, rel=1e-5)
+        assert on == pytest.approx(off, rel=1e-3)
     assert len(runs[True][0]) == 8 and len(runs[True][1]) == 3
 
 
