@@ -212,6 +212,10 @@ def check(s):
         distill.check_long(s)  # and against the teacher's context once it loads
     if s.cuda_graph and not s.device.startswith("cuda"):
         fail(f"--cuda_graph captures the step on a GPU; --device={s.device} has none")
+    if s.cuda_graph and s.backend != "triton":  # e.g. the torch backend's masked KL counts rows
+        fail(f"--cuda_graph needs --backend=triton: --backend={s.backend} waits on the GPU")
+    if s.cuda_graph and os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1":
+        fail("--cuda_graph captures the whole step: unset TORCHINDUCTOR_CUDAGRAPHS")
     if s.init_from == "default":
         fail("--init_from=default: the offline teacher is --teacher=default, and "
              "--init_from=teacher builds a new student from it; --init_from=<checkpoint> starts "
@@ -464,6 +468,7 @@ class StepGraph:
         self.body, self.ahead, self.optimizer, self.device = body, ahead, optimizer, device
         self.warm = warm
         self.graph, self.out, self.shape, self.seen, self.xs, self.ys = None, None, None, 0, [], []
+        self.stream = torch.cuda.Stream(device)  # warm-up, capture and replays: a side stream
 
     def take(self, step, micro, B):
         x = self.xs[micro]
@@ -478,17 +483,23 @@ class StepGraph:
         xs, ys = zip(*(self.ahead.batch(step, m, B) for m in range(micro_steps)))
         if xs[0].shape != self.shape:  # the first step, or the switch to longer sequences
             self.graph, self.out, self.shape, self.seen = None, None, xs[0].shape, 0
-        if self.seen < self.warm:
-            self.seen += 1
-            self.xs, self.ys = xs, ys
-            self.optimizer.zero_grad(set_to_none=True)  # a replay's gradients are still there
-            return self.body(self, step, B)
-        if self.graph is None:
-            self.capture(step, B)
-        for static, new in zip(self.xs + self.ys, xs + ys):
-            static.copy_(new)
-        self.graph.replay()
-        return self.out
+        loop = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(loop)  # the batches copied in
+        with torch.cuda.stream(self.stream):  # the usual steps on the capture's stream too
+            if self.seen < self.warm:
+                self.seen += 1
+                self.xs, self.ys = xs, ys
+                self.optimizer.zero_grad(set_to_none=True)  # a replay's gradients are still there
+                out = self.body(self, step, B)
+            else:
+                if self.graph is None:
+                    self.capture(step, B)
+                for static, new in zip(self.xs + self.ys, xs + ys):
+                    static.copy_(new)
+                self.graph.replay()
+                out = self.out
+        loop.wait_stream(self.stream)  # the loop reads the loss and the norm there
+        return out
 
     def capture(self, step, B):
         self.xs, self.ys = [x.clone() for x in self.xs], [y.clone() for y in self.ys]
@@ -497,11 +508,12 @@ class StepGraph:
             if not torch.is_tensor(group["lr"]):
                 group["lr"] = torch.tensor(group["lr"], device=self.device)
         self.optimizer.zero_grad(set_to_none=True)  # the backward makes them, in the graph's memory
-        checkpoint.wait()  # no other thread at work on the GPU's memory while the graph records
+        with stops(errors=OSError):
+            checkpoint.wait()  # no other thread at work on the GPU's memory while the graph records
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the usual steps' cached memory: the graph has a pool of its own
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=self.stream):
             self.out = self.body(self, step, B)  # recorded, not run: the replay runs it
 
 
@@ -553,6 +565,8 @@ def main(argv=None, after_step=None):
               f"--resume=false starts over")
         return state["history"]
     ddp, rank, world, device = distributed(s)
+    if torch.device(device).index is not None:  # cuda:N: its streams (and a graph's) by default
+        torch.cuda.set_device(device)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     log(cli.describe(s))

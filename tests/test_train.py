@@ -743,25 +743,41 @@ def test_blocks_compiled_one_by_one_train_as_eager(setup, tmp_path, without_indu
 @pytest.mark.parametrize("stage", ["1", "3"])
 def test_a_captured_step_trains_as_the_usual_loop(setup, tmp_path, monkeypatch, stage):
     # --cuda_graph: two usual steps a length, then the step captured and replayed, its batches
-    # copied in; a switch to longer sequences captures again. The losses of the usual loop (the
-    # teacher's pass in line in both): the first step's within 1e-5, relative, and every one
-    # within 1e-3, where runs in one process on a GPU drift apart by up to 1.35e-4 from their
-    # second step (results/speed/README.md, "The teacher ahead") and a replay that kept one
-    # step's batches moves a loss of this run by 1% to 20% (on a CPU)
+    # copied in; a switch to longer sequences captures again; a cosine schedule, so that every
+    # replay has a learning rate of its own. The losses of the usual loop (the teacher's pass in
+    # line in both): the first step's within 1e-5, relative, and every one within 1e-3, where
+    # runs in one process on a GPU drift apart by up to 1.35e-4 from their second step
+    # (results/speed/README.md, "The teacher ahead") and a replay that kept one step's batches
+    # moves a loss of this run by 1% to 20% (on a CPU). Then the captured run killed after its
+    # checkpoint at step 4 (two replays in) and run again: it goes on as the whole run did
     replays, real = [], torch.cuda.CUDAGraph.replay
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda g: (replays.append(1), real(g))[1])
+    run = dict(stage=stage, init_from="teacher", max_iters=8, eval_interval=4, grad_accum=2, long_block_size=64,
+               long_frac=0.5, schedule="cosine", teacher_ahead=False, device="cuda", dtype="bfloat16")
+    losses = lambda h: [loss for _, loss in h["train"]] + [v["loss"] for v in h["val"]]
     runs = {}
     for on in (False, True):
         replays.clear()
-        h = train.main(args(setup, out_dir=tmp_path / str(on), stage=stage, init_from="teacher", max_iters=8,
-                            eval_interval=4, grad_accum=2, long_block_size=64, long_frac=0.5, teacher_ahead=False,
-                            cuda_graph=on, device="cuda", dtype="bfloat16"))
-        runs[on] = ([loss for _, loss in h["train"]], [v["loss"] for v in h["val"]], len(replays))
-    assert runs[False][2] == 0 and runs[True][2] == 4  # steps 3 and 4 at 32 tokens, 7 and 8 at 64
-    assert runs[True][0][0] == pytest.approx(runs[False][0][0], rel=1e-5)
-    for off, on in zip(runs[False][0] + runs[False][1], runs[True][0] + runs[True][1]):
-        assert on == pytest.approx(off, rel=1e-3)
-    assert len(runs[True][0]) == 8 and len(runs[True][1]) == 3
+        runs[on] = losses(train.main(args(setup, out_dir=tmp_path / str(on), cuda_graph=on, **run))), len(replays)
+    assert runs[False][1] == 0 and runs[True][1] == 4  # steps 3 and 4 at 32 tokens, 7 and 8 at 64
+    (off, _), (on, _) = runs[False], runs[True]
+    assert len(on) == len(off) == 8 + 3 and on[0] == pytest.approx(off[0], rel=1e-5)
+    assert all(b == pytest.approx(a, rel=1e-3) for a, b in zip(off, on)), (off, on)
+
+    real_save = train.save
+
+    def killed(path, student, optimizer, step, s, history):
+        real_save(path, student, optimizer, step, s, history)
+        if step == 4:
+            raise KeyboardInterrupt  # as if the process died right after this checkpoint
+
+    monkeypatch.setattr(train, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(args(setup, out_dir=tmp_path / "killed", cuda_graph=True, **run))
+    monkeypatch.setattr(train, "save", real_save)
+    checkpoint.wait()
+    resumed = losses(train.main(args(setup, out_dir=tmp_path / "killed", cuda_graph=True, **run)))
+    assert all(b == pytest.approx(a, rel=1e-3) for a, b in zip(on, resumed)), (on, resumed)
 
 
 @pytest.mark.parametrize("stage", ["1", "2", "3"])
