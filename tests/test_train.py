@@ -266,6 +266,23 @@ def test_stage3_loss_is_ce_plus_kl_and_zero_kl_for_a_copy_of_the_teacher():
     assert loss.item() == pytest.approx(0.5 * parts["ce"].item() + 2.0 * parts["kl"].item(), rel=1e-6)
 
 
+def run_killed_after(monkeypatch, kill, argv):
+    """train.main(argv) stopped right after its checkpoint at step `kill`, as if the process died
+    there; that checkpoint's write on disk, as the process's exit would leave it."""
+    real_save = train.save
+
+    def killed(path, student, optimizer, step, s, history):
+        real_save(path, student, optimizer, step, s, history)
+        if step == kill:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train.main(argv)
+    monkeypatch.setattr(train, "save", real_save)
+    checkpoint.wait()
+
+
 def test_killed_and_resumed_run_gives_bitwise_the_same_losses(setup, tmp_path, monkeypatch):
     teacher = checkpoint.load(str(setup / "teacher.pt"))
     torch.manual_seed(1)
@@ -273,18 +290,7 @@ def test_killed_and_resumed_run_gives_bitwise_the_same_losses(setup, tmp_path, m
     checkpoint.save(start, checkpoint.student_from_teacher(teacher, MIXER))
     run = dict(stage="3", init_from=start, max_iters=6, eval_interval=3, grad_accum=2, learning_rate=3e-3)
     whole = train.main(args(setup, out_dir=tmp_path / "a", **run))
-
-    real_save = train.save
-
-    def killed_after_step_3(path, student, optimizer, step, s, history):
-        real_save(path, student, optimizer, step, s, history)
-        if step == 3:
-            raise KeyboardInterrupt  # as if the process died right after this checkpoint
-
-    monkeypatch.setattr(train, "save", killed_after_step_3)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(args(setup, out_dir=tmp_path / "b", **run))
-    monkeypatch.setattr(train, "save", real_save)
+    run_killed_after(monkeypatch, 3, args(setup, out_dir=tmp_path / "b", **run))
     resumed = train.main(args(setup, out_dir=tmp_path / "b", **run))  # the same command again
 
     assert [s for s, _ in resumed["train"]] == list(range(1, 7))
@@ -348,19 +354,9 @@ def test_a_long_context_run_killed_before_or_after_the_switch_resumes_bitwise(se
     run = dict(stage="3", init_from=start, max_iters=8, eval_interval=3, grad_accum=2, learning_rate=3e-3,
                long_block_size=64, long_frac=0.5)
     whole = train.main(args(setup, out_dir=tmp_path / "whole", **run))
-    real_save = train.save
     for kill in (3, 6):
-        def killed(path, student, optimizer, step, s, history, kill=kill):
-            real_save(path, student, optimizer, step, s, history)
-            if step == kill:
-                raise KeyboardInterrupt  # as if the process died right after this checkpoint
-
         out = tmp_path / f"killed{kill}"
-        monkeypatch.setattr(train, "save", killed)
-        with pytest.raises(KeyboardInterrupt):
-            train.main(args(setup, out_dir=out, **run))
-        monkeypatch.setattr(train, "save", real_save)
-        checkpoint.wait()  # as the process's exit would: its checkpoint's write ends first
+        run_killed_after(monkeypatch, kill, args(setup, out_dir=out, **run))
         assert torch.load(out / MIXER / "stage3.pt", weights_only=True)["step"] == kill
         resumed = train.main(args(setup, out_dir=out, **run))  # the same command again
         assert resumed["train"] == whole["train"] and resumed["val"] == whole["val"], kill  # bitwise equal
@@ -764,18 +760,7 @@ def test_a_captured_step_trains_as_the_usual_loop(setup, tmp_path, monkeypatch, 
     assert len(on) == len(off) == 8 + 3 and on[0] == pytest.approx(off[0], rel=1e-5)
     assert all(b == pytest.approx(a, rel=1e-3) for a, b in zip(off, on)), (off, on)
 
-    real_save = train.save
-
-    def killed(path, student, optimizer, step, s, history):
-        real_save(path, student, optimizer, step, s, history)
-        if step == 4:
-            raise KeyboardInterrupt  # as if the process died right after this checkpoint
-
-    monkeypatch.setattr(train, "save", killed)
-    with pytest.raises(KeyboardInterrupt):
-        train.main(args(setup, out_dir=tmp_path / "killed", cuda_graph=True, **run))
-    monkeypatch.setattr(train, "save", real_save)
-    checkpoint.wait()
+    run_killed_after(monkeypatch, 4, args(setup, out_dir=tmp_path / "killed", cuda_graph=True, **run))
     resumed = losses(train.main(args(setup, out_dir=tmp_path / "killed", cuda_graph=True, **run)))
     assert all(b == pytest.approx(a, rel=1e-3) for a, b in zip(on, resumed)), (on, resumed)
 
