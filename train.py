@@ -210,12 +210,15 @@ def check(s):
     with stops():
         checkpoint.check_device(s.device)
         distill.check_long(s)  # and against the teacher's context once it loads
-    if s.cuda_graph and not s.device.startswith("cuda"):
-        fail(f"--cuda_graph captures the step on a GPU; --device={s.device} has none")
-    if s.cuda_graph and s.backend != "triton":  # e.g. the torch backend's masked KL counts rows
-        fail(f"--cuda_graph needs --backend=triton: --backend={s.backend} waits on the GPU")
-    if s.cuda_graph and os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1":
-        fail("--cuda_graph captures the whole step: unset TORCHINDUCTOR_CUDAGRAPHS")
+    if s.cuda_graph:
+        if not s.device.startswith("cuda"):
+            fail(f"--cuda_graph captures the step on a GPU; --device={s.device} has none")
+        if "RANK" in os.environ:
+            fail("--cuda_graph runs on one GPU: run train.py without torchrun")
+        if s.backend != "triton":  # e.g. the torch backend's masked KL counts rows on the host
+            fail(f"--cuda_graph needs --backend=triton: --backend={s.backend} waits on the GPU")
+        if os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1":
+            fail("--cuda_graph captures the whole step: unset TORCHINDUCTOR_CUDAGRAPHS")
     if s.init_from == "default":
         fail("--init_from=default: the offline teacher is --teacher=default, and "
              "--init_from=teacher builds a new student from it; --init_from=<checkpoint> starts "
@@ -317,8 +320,6 @@ def distributed(s):
     gloo)."""
     if "RANK" not in os.environ:
         return False, 0, 1, s.device
-    if s.cuda_graph:
-        fail("--cuda_graph runs on one GPU: run train.py without torchrun")
     dist.init_process_group("nccl" if s.device.startswith("cuda") else "gloo")
     device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if s.device.startswith("cuda") else s.device
     if device.startswith("cuda"):
@@ -510,9 +511,9 @@ class StepGraph:
         self.optimizer.zero_grad(set_to_none=True)  # the backward makes them, in the graph's memory
         with stops(errors=OSError):
             checkpoint.wait()  # no other thread at work on the GPU's memory while the graph records
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()  # the usual steps' cached memory: the graph has a pool of its own
         self.graph = torch.cuda.CUDAGraph()
+        # torch.cuda.graph waits for the device and empties the usual steps' cached memory first:
+        # the graph records into a pool of its own
         with torch.cuda.graph(self.graph, stream=self.stream):
             self.out = self.body(self, step, B)  # recorded, not run: the replay runs it
 
