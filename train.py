@@ -319,12 +319,15 @@ def distributed(s):
     """(ddp, rank, world size, device): under torchrun one process per GPU (or CPU processes,
     gloo)."""
     if "RANK" not in os.environ:
-        return False, 0, 1, s.device
-    dist.init_process_group("nccl" if s.device.startswith("cuda") else "gloo")
-    device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if s.device.startswith("cuda") else s.device
-    if device.startswith("cuda"):
+        ddp, rank, world, device = False, 0, 1, s.device
+    else:
+        gpu = s.device.startswith("cuda")
+        dist.init_process_group("nccl" if gpu else "gloo")
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if gpu else s.device
+        ddp, rank, world = True, dist.get_rank(), dist.get_world_size()
+    if torch.device(device).index is not None:  # cuda:N: its streams (and a graph's) by default
         torch.cuda.set_device(device)
-    return True, dist.get_rank(), dist.get_world_size(), device
+    return ddp, rank, world, device
 
 
 def adamw(params, s, fused):
@@ -566,8 +569,6 @@ def main(argv=None, after_step=None):
               f"--resume=false starts over")
         return state["history"]
     ddp, rank, world, device = distributed(s)
-    if torch.device(device).index is not None:  # cuda:N: its streams (and a graph's) by default
-        torch.cuda.set_device(device)
     master = rank == 0
     log = print if master else (lambda *a, **k: None)
     log(cli.describe(s))
@@ -640,7 +641,8 @@ def main(argv=None, after_step=None):
 
     graph = StepGraph(step_body, ahead, optimizer, device) if s.cuda_graph else None
     if graph is not None:
-        log("--cuda_graph: the step captured after its first 2 steps, the teacher's pass in line")
+        log(f"--cuda_graph: the step captured after its first {graph.warm} steps, the teacher's "
+            "pass in line")
     if master and step == 0:
         # where the student starts
         eval_and_save(s, step, history, evaluate, student, optimizer, watch, clock)
