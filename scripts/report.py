@@ -39,6 +39,11 @@ follows the training length", "retrieval is bounded by the state" or "not settle
 in long_verdict. These runs (and teacher_long, the teacher measured to 8k) stay out of the
 study's tables.
 
+Where each run's time went: the "all" row of each run's time table (reproduce.py's "time_groups":
+start-up and loading, compiling, training, evaluating, evaluations and checkpoint writes inside
+training, the process's own time) as a table, training proper against the fixed costs, and
+study_time.png, a bar a run split the same way, with a line at 15 minutes.
+
 Replicates: <results>/earlier holds earlier runs of the same recipes (a run's JSON moves there
 when the recipe runs again; maturity points and --sft_kd add work beside a run and change none of
 its stages, so a run with them replicates one without). Each student run twice gets a row of the replicate table: average
@@ -597,6 +602,85 @@ def long_section(runs, assets, out):
                     long_verdict(runs, pairs), ""], path
 
 
+# ---------------------------------------------------------------------------------------------
+# Where a run's time goes (reproduce.py's time table, grouped by part of the run)
+
+TRAINING = "training"  # the time table's column of steps proper; every other column is a fixed cost
+
+
+def time_rows(run):
+    """A run's grouped time table ("time_groups", markdown as reproduce.py writes it) as
+    {part of the run: {column: seconds}}, its "all" row included; {} when it has none."""
+    lines = run.get("time_groups") or []
+    if len(lines) < 3:
+        return {}
+    cols = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    rows = {}
+    for line in lines[2:]:
+        name, *cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(cols):
+            return {}
+        rows[name] = dict(zip(cols, (float(c) for c in cells)))
+    return rows if "all" in rows and TRAINING in cols and "total" in cols else {}
+
+
+def time_label(name, run):
+    """A run's name in the time table: what it ran besides the recipe, and where it started."""
+    extra = " (and --sft_kd)" if run.get("settings", {}).get("sft_kd") else ""
+    b = run.get("branched_from")
+    start = f" (from {b['run']}'s stage-3 step {b['stage3_step']:,})" if b else ""
+    return label(name, run) + extra + start
+
+
+def time_section(runs, assets, out):
+    """report.md's table of where each run's seconds went (training against the fixed costs, the
+    "all" rows of their time tables) and study_time.png, a bar a run split by the same columns;
+    ([lines], the figure's path or None)."""
+    timed = {n: rows["all"] for n, r in runs.items() if (rows := time_rows(r))}
+    names = {n: time_label(n, runs[n]) for n in timed}
+    lines = ["### Where each run's time went", ""]
+    if not timed:
+        return lines + ["No run has a time table (reproduce.py writes one into its JSON).", ""], None
+    fixed = [c for c in next(iter(timed.values())) if c not in (TRAINING, "total")]
+    lines += ["Seconds by each run's time table (its steps' own clocks; \"process\" is each step's time outside it), "
+              "training proper against the fixed costs:", "",
+              "| run | machine, date, commit | " + " | ".join([TRAINING, "fixed costs"] + fixed + ["total"]) + " |",
+              "|" + "---|" * (len(fixed) + 5)]
+    for n, all_ in timed.items():
+        r = runs[n]
+        gpu = r["machine"].split(",")[0]
+        lines.append(f"| {names[n]} | {gpu}, {r['date']}, {r['commit']} | {all_[TRAINING]:.0f} "
+                     f"({100 * all_[TRAINING] / all_['total']:.0f}%) | {all_['total'] - all_[TRAINING]:.0f} | "
+                     + " | ".join(f"{all_[c]:.0f}" for c in fixed) + f" | {all_['total']:.0f} |")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = list(timed)[::-1]  # the study's order from the top
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(order) + 1.6))
+    left = [0.0] * len(order)
+    for i, col in enumerate([TRAINING] + fixed):
+        widths = [timed[n][col] for n in order]
+        ax.barh(range(len(order)), widths, left=left, color=f"C{i}", label=col)
+        left = [a + b for a, b in zip(left, widths)]
+    for y, n in enumerate(order):
+        ax.text(left[y] + 8, y, f"{timed[n]['total']:.0f} s", va="center", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
+    ax.set_yticks(range(len(order)), [names[n] for n in order], fontsize=8)
+    ax.axvline(900, color="k", lw=0.8, ls="--", zorder=0)
+    ax.text(905, len(order) - 0.5, "15 min", fontsize=8, va="bottom")
+    ax.set_xlim(0, max(max(left) * 1.12, 960))
+    ax.set_xlabel("seconds, by each run's time table")
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01), ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout()
+    path = os.path.join(assets, "study_time.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return lines + ["", f"![where each run's time went]({os.path.relpath(path, os.path.dirname(os.path.abspath(out)))})",
+                    ""], path
+
+
 def study_lengths(acc):
     """A NIAH result {"512": accuracy, ...} at the study's lengths alone (to STUDY_LONGEST)."""
     return {L: a for L, a in acc.items() if int(L) <= STUDY_LONGEST}
@@ -986,8 +1070,9 @@ def main(argv=None):
     else:
         lines += ["No student has been run twice with the same recipe.", ""]
     section, long_figure = long_section(loaded[0], args.assets, out)
-    lines += section + ["### The study's findings here", "", findings(runs, noise(pairs)), "", "Runs:", ""]
-    drawn += [long_figure] if long_figure else []
+    times, time_figure = time_section(loaded[0], args.assets, out)
+    lines += section + times + ["### The study's findings here", "", findings(runs, noise(pairs)), "", "Runs:", ""]
+    drawn += [f for f in (long_figure, time_figure) if f]
     for folder in loaded + [{n: old for n, (_, old) in pairs.items()}]:
         for n, r in folder.items():
             spent = sum(r.get("seconds", {}).values())  # every step's, across resumes after a kill

@@ -229,6 +229,13 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
     assert "No student has been run twice with the same recipe." in text
     spent = sum(json.loads((d / "results" / "gla.json").read_text())["seconds"].values())  # its steps', across resumes
     assert f"`, {spent:,.0f} s in its steps" in text.split("Runs:")[1] and spent > 0
+    # where its time went: the time table's columns add up to the seconds its steps took
+    row = next(line for line in text.split("### Where each run's time went")[1].splitlines()
+               if line.startswith("| GLA (and --sft_kd) | "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    training, fixed, parts, total = float(cells[2].split()[0]), float(cells[3]), cells[4:-1], float(cells[-1])
+    assert cells[-1] == f"{spent:.0f}" and abs(training + fixed - total) <= 1 and len(parts) == 6
+    assert abs(sum(map(float, parts)) - fixed) <= 3  # each cell rounded
     (d / "results" / "earlier").mkdir()  # its run again, as the earlier run of the same recipe
     try:
         again = json.loads(json.dumps(tiny[2]))
@@ -241,7 +248,7 @@ def test_the_report_builds_tables_and_plots_from_the_results(tiny, tmp_path):
     rec = tiny[2]["after_stage3"]["eval"]["summary"]["recovery"]["avg"][0]
     assert f"| GLA | 2026-01-01, {tiny[2]['date']} | " in text and f"| {100 * (rec - 0.5):+.1f} |" in text
     assert "- GLA (earlier run): " in text and "the largest of 1 student run twice" not in text  # no pair to judge
-    for png in ("study_recovery.png", "study_niah.png", "study_loss.png", "study_passkey.png"):
+    for png in ("study_recovery.png", "study_niah.png", "study_loss.png", "study_passkey.png", "study_time.png"):
         assert os.path.getsize(tmp_path / png) > 10_000
 
 
@@ -267,6 +274,20 @@ def test_a_run_keeps_its_colour_in_every_panel(tiny, tmp_path, monkeypatch):
         for name, colour in panel.items():
             assert colours.setdefault(name, colour) == colour, (name, colour, colours)
     assert len(set(colours.values())) == 3
+
+
+def test_a_time_table_that_does_not_parse_is_left_out(tmp_path):
+    good = {"name": "kda", "machine": "1 x GPU, torch", "date": "2026-01-01", "commit": "abc", "settings": {},
+            "time_groups": ["| step | start-up and loading | training | process | total |", "|---|---|---|---|---|",
+                            "| stage 1 | 2 | 10 | 1 | 13 |", "| all | 2 | 10 | 1 | 13 |"]}
+    assert report.time_rows(good)["all"] == {"start-up and loading": 2, "training": 10, "process": 1, "total": 13}
+    torn = {**good, "time_groups": good["time_groups"][:3] + ["| all | 2 | 10 | 13 |"]}  # a cell short
+    assert report.time_rows(torn) == {} and report.time_rows({}) == {}
+    lines, path = report.time_section({"kda": torn}, str(tmp_path), str(tmp_path / "report.md"))
+    assert path is None and "No run has a time table (reproduce.py writes one into its JSON)." in lines
+    lines, path = report.time_section({"kda": good, "gla": torn}, str(tmp_path), str(tmp_path / "report.md"))
+    assert "| KDA | 1 x GPU, 2026-01-01, abc | 10 (77%) | 3 | 2 | 1 | 13 |" in lines
+    assert not any(line.startswith("| GLA") for line in lines) and os.path.getsize(path) > 5_000
 
 
 def test_rows_beyond_the_seven_name_what_they_are():
