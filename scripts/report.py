@@ -618,9 +618,12 @@ def time_rows(run):
     rows = {}
     for line in lines[2:]:
         name, *cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) != len(cols):
+        try:
+            if len(cells) != len(cols):
+                return {}
+            rows[name] = dict(zip(cols, (float(c) for c in cells)))
+        except ValueError:  # a cell that is no number
             return {}
-        rows[name] = dict(zip(cols, (float(c) for c in cells)))
     return rows if "all" in rows and TRAINING in cols and "total" in cols else {}
 
 
@@ -641,7 +644,8 @@ def time_section(runs, assets, out):
     lines = ["### Where each run's time went", ""]
     if not timed:
         return lines + ["No run has a time table (reproduce.py writes one into its JSON).", ""], None
-    fixed = [c for c in next(iter(timed.values())) if c not in (TRAINING, "total")]
+    # every column of any run's table (a column a run lacks reads "-"), in the tables' order
+    fixed = [c for c in dict.fromkeys(c for all_ in timed.values() for c in all_) if c not in (TRAINING, "total")]
     lines += ["Seconds by each run's time table (its steps' own clocks; \"process\" is each step's time outside it), "
               "training proper against the fixed costs:", "",
               "| run | machine, date, commit | " + " | ".join([TRAINING, "fixed costs"] + fixed + ["total"]) + " |",
@@ -651,7 +655,7 @@ def time_section(runs, assets, out):
         gpu = r["machine"].split(",")[0]
         lines.append(f"| {names[n]} | {gpu}, {r['date']}, {r['commit']} | {all_[TRAINING]:.0f} "
                      f"({100 * all_[TRAINING] / all_['total']:.0f}%) | {all_['total'] - all_[TRAINING]:.0f} | "
-                     + " | ".join(f"{all_[c]:.0f}" for c in fixed) + f" | {all_['total']:.0f} |")
+                     + " | ".join(f"{all_[c]:.0f}" if c in all_ else "-" for c in fixed) + f" | {all_['total']:.0f} |")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -661,7 +665,7 @@ def time_section(runs, assets, out):
     fig, ax = plt.subplots(figsize=(11, 0.45 * len(order) + 1.6))
     left = [0.0] * len(order)
     for i, col in enumerate([TRAINING] + fixed):
-        widths = [timed[n][col] for n in order]
+        widths = [timed[n].get(col, 0.0) for n in order]
         ax.barh(range(len(order)), widths, left=left, color=f"C{i}", label=col)
         left = [a + b for a, b in zip(left, widths)]
     for y, n in enumerate(order):

@@ -283,11 +283,17 @@ def test_a_time_table_that_does_not_parse_is_left_out(tmp_path):
     assert report.time_rows(good)["all"] == {"start-up and loading": 2, "training": 10, "process": 1, "total": 13}
     torn = {**good, "time_groups": good["time_groups"][:3] + ["| all | 2 | 10 | 13 |"]}  # a cell short
     assert report.time_rows(torn) == {} and report.time_rows({}) == {}
+    assert report.time_rows({**good, "time_groups": good["time_groups"][:3] + ["| all | 2 | ten | 1 | 13 |"]}) == {}
     lines, path = report.time_section({"kda": torn}, str(tmp_path), str(tmp_path / "report.md"))
     assert path is None and "No run has a time table (reproduce.py writes one into its JSON)." in lines
     lines, path = report.time_section({"kda": good, "gla": torn}, str(tmp_path), str(tmp_path / "report.md"))
     assert "| KDA | 1 x GPU, 2026-01-01, abc | 10 (77%) | 3 | 2 | 1 | 13 |" in lines
     assert not any(line.startswith("| GLA") for line in lines) and os.path.getsize(path) > 5_000
+    other = {**good, "time_groups": ["| step | training | compiling (first step) | total |", "|---|---|---|---|",
+                                     "| all | 20 | 4 | 24 |"]}  # a table of other columns
+    lines, _ = report.time_section({"kda": good, "gla": other}, str(tmp_path), str(tmp_path / "report.md"))
+    assert "| KDA | 1 x GPU, 2026-01-01, abc | 10 (77%) | 3 | 2 | 1 | - | 13 |" in lines
+    assert "| GLA | 1 x GPU, 2026-01-01, abc | 20 (83%) | 4 | - | - | 4 | 24 |" in lines
 
 
 def test_rows_beyond_the_seven_name_what_they_are():
