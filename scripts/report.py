@@ -676,11 +676,7 @@ def time_section(runs, assets, out):
     ax.text(905, len(order) - 0.5, "15 min", fontsize=8, va="bottom")
     ax.set_xlim(0, max(max(left) * 1.12, 960))
     ax.set_xlabel("seconds, by each run's time table")
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01), ncol=4, fontsize=7, frameon=False)
-    fig.tight_layout()
-    path = os.path.join(assets, "study_time.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    path = save(fig, [ax], "", os.path.join(assets, "study_time.png"))
     return lines + ["", f"![where each run's time went]({os.path.relpath(path, os.path.dirname(os.path.abspath(out)))})",
                     ""], path
 
