@@ -54,6 +54,7 @@ import torch
 import checkpoint
 import cli
 import decode
+import plots
 from data import read_tokens
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -326,10 +327,7 @@ def table(acc, task, lengths, depths):
 
 def heatmap(acc, tasks, lengths, depths, path, title):
     """One panel per task: depth by length, accuracy in %."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     w, h = 0.9 * len(lengths) + 1.4, 0.6 * len(depths) + 2.2  # one panel
     fig, axes = plt.subplots(1, len(tasks), figsize=(w * len(tasks) + 1.5, h), squeeze=False,

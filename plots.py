@@ -1,10 +1,21 @@
 """
 Plots a reader would rather look at than read: the loss curves of a training run.
 
-train.py draws one beside every checkpoint (<out_dir>/<mixer>/stage<N>.png).
+train.py draws one beside every checkpoint (<out_dir>/<mixer>/stage<N>.png). pyplot() is
+matplotlib's pyplot as every other figure of the project draws with it: into files, no display.
 """
 
 import os
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing into files alone (the Agg backend: no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot(history, path):
@@ -43,10 +54,7 @@ def recipe(out_dir, path):
     import glob
     import json
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = sorted(p[len(out_dir) + 1:-len(".eval.json")] for p in glob.glob(os.path.join(out_dir, "*.eval.json")))
     if not runs:

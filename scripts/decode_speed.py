@@ -38,6 +38,7 @@ import checkpoint  # noqa: E402
 import decode  # noqa: E402
 import mixers  # noqa: E402
 import model as M  # noqa: E402
+import plots  # noqa: E402
 
 
 def cache_bytes(caches):
@@ -131,10 +132,7 @@ def read_rows(paths):
 
 def plot(rows, path):
     """Two panels against the context length: ms per step, and cache MiB."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name in dict.fromkeys(r[0] for r in rows):

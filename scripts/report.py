@@ -62,6 +62,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # evaluate.wilson, the intervals of NIAH accuracies
+from plots import pyplot  # noqa: E402
 from reproduce import LONG_FRAC  # noqa: E402  -- a run's share of stage 3 at the long length, by default
 ORDER = ("linear_attention", "retnet", "gla", "mlstm", "deltanet", "gated_deltanet", "kda", "hybrid", "swa")
 NAMES = {"linear_attention": "Linear Attention", "retnet": "RetNet", "gla": "GLA", "mlstm": "mLSTM",
@@ -541,10 +542,7 @@ def long_plot(runs, pairs, path):
     """Passkey accuracy against length after stage 3 and after SFT: each baseline dashed, its
     long-context run solid, a colour a student; the teacher black dotted; the recipe's training
     lengths and each long run's as vertical lines. Returns path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(AFTER), figsize=(12, 4), sharey=True)
     colour = {b: f"C{i % 10}" for i, b in enumerate(dict.fromkeys(b for _, b, _ in pairs))}
@@ -656,10 +654,7 @@ def time_section(runs, assets, out):
         lines.append(f"| {names[n]} | {gpu}, {r['date']}, {r['commit']} | {all_[TRAINING]:.0f} "
                      f"({100 * all_[TRAINING] / all_['total']:.0f}%) | {all_['total'] - all_[TRAINING]:.0f} | "
                      + " | ".join(f"{all_[c]:.0f}" if c in all_ else "-" for c in fixed) + f" | {all_['total']:.0f} |")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     order = list(timed)[::-1]  # the study's order from the top
     fig, ax = plt.subplots(figsize=(11, 0.45 * len(order) + 1.6))
@@ -868,7 +863,7 @@ def spread(value, floor):
 def save(fig, axes, ylabel, path):
     """A row of panels finished (the y label, one legend of every line's label, right of the last
     panel) and written to path."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     axes[0].set_ylabel(ylabel)
     legend = {}  # label -> handle, in the order the panels first show them
@@ -886,10 +881,7 @@ def save(fig, axes, ylabel, path):
 def plots(runs, assets):
     """study_recovery.png, study_niah.png, study_loss.png and (when a student the study measured is
     here) study_passkey.png under assets; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     students = {n: r for n, r in runs.items() if n != "teacher"}
     # one colour a run in every panel, whichever panels it has numbers for; the teacher dashed black
