@@ -616,10 +616,10 @@ def time_rows(run):
     rows = {}
     for line in lines[2:]:
         name, *cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(cols):
+            return {}
         try:
-            if len(cells) != len(cols):
-                return {}
-            rows[name] = dict(zip(cols, (float(c) for c in cells)))
+            rows[name] = dict(zip(cols, map(float, cells)))
         except ValueError:  # a cell that is no number
             return {}
     return rows if "all" in rows and TRAINING in cols and "total" in cols else {}
